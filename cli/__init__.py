@@ -1,0 +1,1 @@
+"""The `suffixd` command line."""

@@ -1,0 +1,1 @@
+"""Python client for the suffixd daemon."""

@@ -1,0 +1,1 @@
+"""suffixd daemon: gRPC servicers, engine, llama.cpp verifier, corpus watcher, metrics."""

