@@ -68,7 +68,19 @@ class Tokenizer:
     def tokenize(self, text: str) -> list[int]:
         if not text:
             return []
-        return self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+        import llama_cpp
+
+        # Not Llama.tokenize: it sizes its buffer by n_ctx_train, which is 0 for a
+        # vocab-only model, so every call tokenized twice (first to learn the size).
+        # A text never has more tokens than UTF-8 bytes (byte fallback is the worst case).
+        data = text.encode("utf-8")
+        cap = len(data) + 1
+        buf = (llama_cpp.llama_token * cap)()
+        vocab = self._llama._model.vocab
+        n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, False, False)
+        if n < 0:  # cannot happen by the bound above; fall back rather than truncate
+            return self._llama.tokenize(data, add_bos=False, special=False)
+        return buf[:n]
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self._llama.detokenize(list(tokens)).decode("utf-8", errors="replace")
