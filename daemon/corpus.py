@@ -109,15 +109,21 @@ def walk(
     cycles; symlinked files are read like regular files.
     """
     root = Path(root)
+    found: list[tuple[str, Path]] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
             if name.startswith("."):
                 continue
             abs_path = Path(dirpath) / name
             rel = abs_path.relative_to(root).as_posix()
-            if matches(rel, includes, excludes) and abs_path.is_file():
-                yield rel, abs_path
+            if matches(rel, includes, excludes):
+                found.append((rel, abs_path))
+    # Sorted by relative path, so runs (and resumed runs) go through files in one order.
+    found.sort()
+    for rel, abs_path in found:
+        if abs_path.is_file():
+            yield rel, abs_path
 
 
 def relative_key(root: str | Path, path: str | Path) -> str | None:
