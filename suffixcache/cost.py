@@ -1,0 +1,88 @@
+"""Verification cost profiles: what verifying a batch of k tokens costs, relative to k = 1."""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# gemma-3-270m Q4_K_M through llama-cpp-python on a 2-core x86 machine
+# (../shared/data/README.md, the replay protocol's default).
+CPU_DEFAULT_POINTS: dict[int, float] = {1: 1.0, 4: 1.96, 8: 2.53, 16: 5.13, 32: 7.71}
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Piecewise-linear cost of one verifier evaluation of k tokens (cost(1) == 1).
+
+    Beyond the last measured point the cost grows with the last segment's slope.
+    """
+
+    points: tuple[tuple[int, float], ...]
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            raise ValueError("a cost profile needs at least one point")
+        ks = [k for k, _ in self.points]
+        if ks != sorted(set(ks)) or ks[0] < 1:
+            raise ValueError("cost profile sizes must be distinct integers >= 1")
+        for _, c in self.points:
+            if not (c > 0.0) or c != c or c == float("inf"):
+                raise ValueError("cost profile values must be finite and > 0")
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str | int, float]) -> CostProfile:
+        try:
+            pts = sorted((int(k), float(v)) for k, v in mapping.items())
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"cost profile must map batch sizes to numbers: {exc}") from None
+        if pts and pts[0][0] != 1:
+            pts.insert(0, (1, 1.0))
+        base = pts[0][1] if pts else 1.0
+        return cls(tuple((k, v / base) for k, v in pts))
+
+    @classmethod
+    def from_json(cls, text_or_mapping: str | Mapping[str | int, float]) -> CostProfile:
+        if isinstance(text_or_mapping, str):
+            try:
+                data = json.loads(text_or_mapping)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"cost profile is not valid JSON: {exc}") from None
+            if not isinstance(data, dict):
+                raise ValueError('cost profile must be a JSON object like {"1": 1.0, "8": 2.5}')
+            return cls.from_mapping(data)
+        return cls.from_mapping(text_or_mapping)
+
+    @classmethod
+    def cpu_default(cls) -> CostProfile:
+        return cls.from_mapping(CPU_DEFAULT_POINTS)
+
+    @classmethod
+    def flat(cls) -> CostProfile:
+        """A verifier (a GPU) whose cost barely grows with the batch."""
+        return cls(((1, 1.0), (64, 1.0)))
+
+    def cost(self, k: int) -> float:
+        if k <= 0:
+            return 0.0
+        ks = [p[0] for p in self.points]
+        i = bisect.bisect_left(ks, k)
+        if i < len(ks) and ks[i] == k:
+            return self.points[i][1]
+        if i == 0:
+            return self.points[0][1] * k / ks[0]
+        if i == len(ks):
+            if len(ks) == 1:
+                return self.points[0][1] * k / ks[0]
+            (k0, c0), (k1, c1) = self.points[-2], self.points[-1]
+            return c1 + (c1 - c0) / (k1 - k0) * (k - k1)
+        (k0, c0), (k1, c1) = self.points[i - 1], self.points[i]
+        return c0 + (c1 - c0) * (k - k0) / (k1 - k0)
+
+    def table(self, max_k: int) -> list[float]:
+        """cost(k) for k in 0..max_k, for hot loops."""
+        return [self.cost(k) for k in range(max_k + 1)]
+
+    def to_mapping(self) -> dict[str, float]:
+        return {str(k): c for k, c in self.points}

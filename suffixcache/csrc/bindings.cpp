@@ -1,0 +1,197 @@
+// Python bindings of the suffix-tree core. Argument conversion and validation
+// happen with the GIL held; the tree work itself runs with the GIL released.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "suffix_tree.hpp"
+
+namespace py = pybind11;
+using namespace suffixcache;
+
+namespace {
+
+constexpr int64_t kMaxSeqId = (int64_t{1} << 62);
+
+// Accepts any sequence of Python ints (list, tuple, array('i'), numpy int array).
+std::vector<Token> to_tokens(const py::handle& obj, const char* what, int64_t vocab_size) {
+    if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj))
+        throw py::type_error(std::string(what) + " must be a sequence of int token ids, not str/bytes");
+    if (!py::isinstance<py::sequence>(obj) && !py::hasattr(obj, "__iter__"))
+        throw py::type_error(std::string(what) + " must be a sequence of int token ids");
+    std::vector<Token> out;
+    if (py::isinstance<py::sequence>(obj)) out.reserve(py::len(obj));
+    for (const py::handle& item : obj) {
+        if (py::isinstance<py::bool_>(item) || !py::isinstance<py::int_>(item)) {
+            // numpy integer scalars are not py::int_ but index cleanly
+            if (!py::hasattr(item, "__index__") || py::isinstance<py::bool_>(item))
+                throw py::type_error(std::string(what) + " must hold ints, got " +
+                                     std::string(py::str(py::type::of(item).attr("__name__"))));
+        }
+        long long v;
+        try {
+            v = py::reinterpret_steal<py::int_>(PyNumber_Index(item.ptr())).cast<long long>();
+        } catch (const py::error_already_set&) {
+            throw py::type_error(std::string(what) + " must hold ints");
+        } catch (const py::cast_error&) {
+            throw py::value_error(std::string(what) + ": token id out of range");
+        }
+        if (v < 0 || v > INT32_MAX)
+            throw py::value_error(std::string(what) + ": token id " + std::to_string(v) + " is out of range");
+        if (vocab_size > 0 && v >= vocab_size)
+            throw py::value_error(std::string(what) + ": token id " + std::to_string(v) +
+                                  " is not below the vocabulary size " + std::to_string(vocab_size));
+        out.push_back(static_cast<Token>(v));
+    }
+    return out;
+}
+
+void check_seq_id(int64_t seq_id) {
+    if (seq_id < 0 || seq_id >= kMaxSeqId) throw py::value_error("seq_id must be in [0, 2**62)");
+}
+
+SpecParams make_params(int max_tokens, double factor, double offset, double min_prob, int max_match, bool use_tree) {
+    if (max_tokens < 0 || max_tokens > 1024) throw py::value_error("max_tokens must be in [0, 1024]");
+    if (!(factor >= 0.0) || factor > 1e6) throw py::value_error("max_spec_factor must be >= 0");
+    if (!(offset > -1e6) || offset > 1e6) throw py::value_error("max_spec_offset is out of range");
+    if (!(min_prob >= 0.0) || min_prob > 1.0) throw py::value_error("min_token_prob must be in [0, 1]");
+    if (max_match < 0) throw py::value_error("max_match must be >= 0");
+    SpecParams p;
+    p.max_tokens = max_tokens;
+    p.max_spec_factor = factor;
+    p.max_spec_offset = offset;
+    p.min_token_prob = min_prob;
+    p.max_match = max_match;
+    p.use_tree = use_tree;
+    return p;
+}
+
+py::dict draft_to_dict(Draft&& d) {
+    py::dict out;
+    out["tokens"] = py::cast(d.tokens);
+    out["parents"] = py::cast(d.parents);
+    out["probs"] = py::cast(d.probs);
+    out["sources"] = py::cast(d.sources);
+    out["match_lens"] = py::cast(d.match_lens);
+    out["score"] = d.score;
+    return out;
+}
+
+class PyTree {
+  public:
+    PyTree(int max_depth, int64_t vocab_size) : tree_(max_depth), vocab_size_(vocab_size) {
+        if (vocab_size < 0) throw py::value_error("vocab_size must be >= 0 (0 = unchecked)");
+    }
+    SuffixTree tree_;
+    int64_t vocab_size_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "Native suffix-tree core of suffixcache (see suffix_tree.hpp for the data structure).";
+
+    py::class_<PyTree>(m, "SuffixTree",
+                       "Multi-sequence, depth-limited suffix tree over int32 token ids with occurrence counts.\n\n"
+                       "Not synchronised: callers serialise access to one tree (suffixcache.SuffixCache holds "
+                       "a lock per tree). Native work runs with the GIL released.")
+        .def(py::init<int, int64_t>(), py::arg("max_depth") = 64, py::arg("vocab_size") = 0)
+        .def_property_readonly("max_depth", [](const PyTree& t) { return t.tree_.max_depth(); })
+        .def_property_readonly("vocab_size", [](const PyTree& t) { return t.vocab_size_; })
+        .def(
+            "extend",
+            [](PyTree& t, int64_t seq_id, const py::object& tokens) {
+                check_seq_id(seq_id);
+                std::vector<Token> v = to_tokens(tokens, "tokens", t.vocab_size_);
+                py::gil_scoped_release release;
+                t.tree_.extend(seq_id, v);
+            },
+            py::arg("seq_id"), py::arg("tokens"), "Append tokens to a sequence (created on first use).")
+        .def(
+            "remove",
+            [](PyTree& t, int64_t seq_id) {
+                check_seq_id(seq_id);
+                py::gil_scoped_release release;
+                return t.tree_.remove(seq_id);
+            },
+            py::arg("seq_id"), "Forget a sequence completely; False if unknown.")
+        .def("__contains__", [](const PyTree& t, int64_t seq_id) { return t.tree_.contains(seq_id); })
+        .def("seq_length",
+             [](const PyTree& t, int64_t seq_id) {
+                 int64_t n = t.tree_.seq_length(seq_id);
+                 if (n < 0) throw py::key_error("unknown sequence " + std::to_string(seq_id));
+                 return n;
+             })
+        .def("seq_tokens",
+             [](const PyTree& t, int64_t seq_id) {
+                 if (!t.tree_.contains(seq_id)) throw py::key_error("unknown sequence " + std::to_string(seq_id));
+                 return t.tree_.seq_tokens(seq_id);
+             })
+        .def("seq_ids", [](const PyTree& t) { return t.tree_.seq_ids(); })
+        .def(
+            "count",
+            [](const PyTree& t, const py::object& pattern) {
+                std::vector<Token> v = to_tokens(pattern, "pattern", 0);
+                py::gil_scoped_release release;
+                return t.tree_.count(v);
+            },
+            py::arg("pattern"), "Occurrences of a token string (0 if absent or longer than max_depth).")
+        .def(
+            "speculate",
+            [](PyTree& t, const py::object& context, int max_tokens, double factor, double offset, double min_prob,
+               int max_match, bool use_tree) {
+                std::vector<Token> ctx = to_tokens(context, "context", 0);
+                SpecParams p = make_params(max_tokens, factor, offset, min_prob, max_match, use_tree);
+                Draft d;
+                {
+                    py::gil_scoped_release release;
+                    d = t.tree_.speculate(ctx, p);
+                }
+                return draft_to_dict(std::move(d));
+            },
+            py::arg("context"), py::arg("max_tokens") = 32, py::arg("max_spec_factor") = 1.0,
+            py::arg("max_spec_offset") = 0.0, py::arg("min_token_prob") = 0.1, py::arg("max_match") = 0,
+            py::arg("use_tree") = false,
+            "Draft a continuation of context: dict(tokens, parents, probs, sources, match_lens, score).")
+        .def_property_readonly("num_nodes", [](const PyTree& t) { return t.tree_.num_nodes(); })
+        .def_property_readonly("num_sequences", [](const PyTree& t) { return t.tree_.num_sequences(); })
+        .def_property_readonly("num_tokens", [](const PyTree& t) { return t.tree_.num_tokens(); })
+        .def_property_readonly("retained_tokens", [](const PyTree& t) { return t.tree_.retained_tokens(); })
+        .def_property_readonly("memory_bytes", [](const PyTree& t) { return t.tree_.memory_bytes(); })
+        .def("check_integrity", [](const PyTree& t) {
+            try {
+                t.tree_.check_integrity();
+            } catch (const std::logic_error& e) {
+                throw py::value_error(e.what());
+            }
+        });
+
+    m.def(
+        "speculate_multi",
+        [](const py::list& trees, const std::vector<double>& weights, const std::vector<int64_t>& tail_seqs,
+           const py::object& context, int max_tokens,
+           double factor, double offset, double min_prob, int max_match, bool use_tree, double match_power) {
+            if (trees.size() != weights.size() || trees.size() != tail_seqs.size())
+                throw py::value_error("trees, weights and tail_seqs differ in length");
+            if (trees.size() > 16) throw py::value_error("at most 16 sources");
+            std::vector<SuffixTree*> ptrs;
+            for (const py::handle& h : trees) ptrs.push_back(&h.cast<PyTree&>().tree_);
+            for (size_t i = 0; i < ptrs.size(); ++i)
+                for (size_t j = i + 1; j < ptrs.size(); ++j)
+                    if (ptrs[i] == ptrs[j]) throw py::value_error("the same tree was passed twice");
+            for (double w : weights)
+                if (!(w >= 0.0) || w > 1e12) throw py::value_error("weights must be finite and >= 0");
+            if (!(match_power >= 0.0) || match_power > 16.0) throw py::value_error("match_power must be in [0, 16]");
+            std::vector<Token> ctx = to_tokens(context, "context", 0);
+            SpecParams p = make_params(max_tokens, factor, offset, min_prob, max_match, use_tree);
+            Draft d;
+            {
+                py::gil_scoped_release release;
+                d = speculate_multi(ptrs, weights, tail_seqs, ctx, p, match_power);
+            }
+            return draft_to_dict(std::move(d));
+        },
+        py::arg("trees"), py::arg("weights"), py::arg("tail_seqs"), py::arg("context"), py::arg("max_tokens") = 32,
+        py::arg("max_spec_factor") = 1.0, py::arg("max_spec_offset") = 0.0, py::arg("min_token_prob") = 0.1,
+        py::arg("max_match") = 0, py::arg("use_tree") = false, py::arg("match_power") = 1.0,
+        "Draft from several trees at once (a mixture of their continuations).");
+}

@@ -1,0 +1,183 @@
+// A multi-sequence, depth-limited, path-compressed suffix tree over int32 token
+// ids, with occurrence counts, built for drafting in speculative decoding.
+//
+// What it represents. For every live sequence s and every position e in s, and
+// every length 1 <= L <= max_depth, the string w = s[e-L+1 .. e] is one
+// *occurrence* of w. count(w) is the number of occurrences of w over all live
+// sequences. The tree is a trie of every string with count > 0, compressed so
+// that an edge is a chain of tokens along which the count does not change.
+// Drafting follows the most frequent continuation: the probability of token x
+// after w is count(w x) / count(w).
+//
+// Invariants (checked by check_integrity):
+//   * count(child) <= count(parent); the root's count is unused.
+//   * Every occurrence that ends where its sequence ends, or at depth
+//     max_depth, ends exactly at a node boundary (never mid-edge). Consequence:
+//     the "active" strings of a sequence being extended are always nodes, and
+//     removal walks whole edges only.
+//   * An edge label is stored as a reference into one sequence's tokens
+//     (ref_seq, ref_end): tokens[ref_end - len, ref_end). A removed sequence's
+//     tokens stay allocated while some node still references them (refs > 0).
+//
+// Complexity: extend costs O(max_depth) per appended token (one step per
+// active suffix, each O(1) expected); remove costs O(length * edges per path);
+// speculate costs O(match window * edge walk) plus O(draft size).
+//
+// Thread safety: none inside. A tree must not be used from two threads at once
+// (speculate also updates the cached best child of a node). The Python layer
+// serialises every call on a tree with one lock and releases the GIL inside.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace suffixcache {
+
+using Token = int32_t;
+using NodeId = int32_t;
+constexpr NodeId kNoNode = -1;
+
+struct Node {
+    int32_t count = 0;            // occurrences of the string ending at this node
+    NodeId parent = kNoNode;      // kNoNode for the root
+    NodeId first_child = kNoNode; // intrusive, unordered list of children
+    NodeId next_sibling = kNoNode;
+    NodeId prev_sibling = kNoNode;
+    NodeId best_child = kNoNode;  // cached most frequent child; kNoNode = recompute
+    Token token = 0;              // first token of the edge (key in the parent)
+    int32_t len = 0;              // tokens on the edge into this node
+    int32_t depth = 0;            // length of the string from the root to this node's end
+    int32_t ref_seq = -1;         // sequence slot holding the edge label
+    int32_t ref_end = 0;          // edge label = slot tokens [ref_end - len, ref_end)
+};
+
+// Open-addressing map (parent, token) -> child, linear probing with
+// backward-shift deletion: children of every node in one flat table, so a node
+// pays no per-node container overhead.
+class ChildMap {
+  public:
+    ChildMap();
+    NodeId find(NodeId parent, Token token) const;
+    void insert(NodeId parent, Token token, NodeId child);  // key must be absent
+    void assign(NodeId parent, Token token, NodeId child);  // key must be present
+    void erase(NodeId parent, Token token);                 // key must be present
+    size_t size() const { return size_; }
+    size_t memory_bytes() const { return slots_.capacity() * sizeof(Slot); }
+
+  private:
+    struct Slot {
+        uint64_t key;
+        NodeId value;  // kNoNode = empty
+    };
+    static uint64_t make_key(NodeId parent, Token token) {
+        return (static_cast<uint64_t>(static_cast<uint32_t>(parent)) << 32) |
+               static_cast<uint32_t>(token);
+    }
+    size_t slot_of(uint64_t key) const;
+    void grow();
+    std::vector<Slot> slots_;
+    size_t mask_ = 0;
+    size_t size_ = 0;
+};
+
+struct SpecParams {
+    int max_tokens = 32;           // draft budget (tokens)
+    double max_spec_factor = 1.0;  // path length <= factor * match_len + offset
+    double max_spec_offset = 0.0;
+    double min_token_prob = 0.1;   // stop below this cumulative probability
+    int max_match = 0;             // longest suffix of the context to match; 0 = max_depth - 1
+    bool use_tree = false;         // a tree of branches instead of one path
+};
+
+struct Draft {
+    std::vector<Token> tokens;
+    std::vector<int32_t> parents;  // index into tokens; -1 = hangs off the context
+    std::vector<double> probs;     // cumulative probability along the token's path
+    std::vector<int32_t> sources;  // index of the source that contributed most
+    std::vector<int32_t> match_lens;  // per source: matched suffix length
+    double score = 0.0;            // sum of probs: expected accepted tokens
+};
+
+class SuffixTree {
+  public:
+    explicit SuffixTree(int max_depth = 64);
+
+    // Appends tokens to sequence seq_id (created on first use).
+    void extend(int64_t seq_id, const std::vector<Token>& tokens);
+    // Forgets a sequence entirely; false if it is unknown.
+    bool remove(int64_t seq_id);
+    bool contains(int64_t seq_id) const { return seq_slots_.count(seq_id) != 0; }
+    int64_t seq_length(int64_t seq_id) const;
+    std::vector<Token> seq_tokens(int64_t seq_id) const;
+    std::vector<int64_t> seq_ids() const;
+
+    Draft speculate(const std::vector<Token>& context, const SpecParams& params);
+
+    // Occurrence count of a string (0 if absent or longer than max_depth).
+    int64_t count(const std::vector<Token>& pattern) const;
+
+    int max_depth() const { return max_depth_; }
+    int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size() - free_nodes_.size()); }
+    int64_t num_sequences() const { return static_cast<int64_t>(seq_slots_.size()); }
+    int64_t num_tokens() const { return live_tokens_; }
+    int64_t retained_tokens() const;  // tokens held, including removed sequences still referenced
+    int64_t memory_bytes() const;
+    // Throws std::logic_error describing the first violated invariant.
+    void check_integrity() const;
+
+    // --- used by the multi-source drafter ---
+    struct Cursor {
+        NodeId node = kNoNode;  // node whose edge holds the position
+        int32_t offset = 0;     // tokens of that edge consumed (1..len); at node end when == len
+    };
+    // Longest suffix of context (at most max_match tokens) occurring at least min_count times.
+    Cursor match(const Token* context, int64_t n, int max_match, int32_t min_count, int32_t* match_len) const;
+    // True if sequence seq_id ends with tokens[0, n).
+    bool ends_with(int64_t seq_id, const Token* tokens, int64_t n) const;
+    Token edge_token(NodeId node, int32_t offset) const;  // token at 0-based offset on the edge
+    const Node& node(NodeId id) const { return nodes_[id]; }
+    NodeId best_child(NodeId id);
+    NodeId child(NodeId parent, Token token) const { return children_.find(parent, token); }
+
+  private:
+    struct Seq {
+        std::vector<Token> tokens;
+        std::vector<NodeId> active;  // nodes of the suffixes ending at the last token, by length
+        int64_t id = 0;
+        int32_t refs = 0;  // nodes whose edge label points into tokens
+        bool live = true;
+    };
+
+    NodeId new_node();
+    void free_node(NodeId id);
+    void link_child(NodeId parent, NodeId child);
+    void unlink_child(NodeId child);
+    void set_ref(NodeId id, int32_t slot, int32_t end);
+    void release_slot_ref(int32_t slot);
+    NodeId split_first(NodeId child);  // splits one token off the top of child's edge
+    void append_token(int32_t slot, Token token);
+
+    int max_depth_;
+    std::vector<Node> nodes_;
+    std::vector<NodeId> free_nodes_;
+    ChildMap children_;
+    std::vector<Seq> slots_;
+    std::vector<int32_t> free_slots_;
+    std::unordered_map<int64_t, int32_t> seq_slots_;
+    int64_t live_tokens_ = 0;
+};
+
+// Drafts from several trees at once: a mixture of their continuation
+// distributions, each weighted by weights[i] * (its match length)^match_power,
+// re-weighted along a path by how well each source predicted it (Bayes).
+// tail_seqs[i] (or -1) names a sequence of tree i that may end with the context
+// itself (a session transcript that already holds the context): that trailing
+// occurrence predicts nothing, so it is excluded from matching and counts.
+Draft speculate_multi(const std::vector<SuffixTree*>& trees, const std::vector<double>& weights,
+                      const std::vector<int64_t>& tail_seqs, const std::vector<Token>& context,
+                      const SpecParams& params, double match_power);
+
+}  // namespace suffixcache
