@@ -31,6 +31,9 @@ SPLITTER_VERSION = 1
 
 # Text files up to this size are one unit; bigger ones are cut per paragraph.
 WHOLE_TEXT_LIMIT = 16 * 1024
+# Longer units are cut at line ends (a minified file, a giant paragraph): one unit
+# must fit in one request, and a draft never needs context further back than this.
+MAX_UNIT_CHARS = 64 * 1024
 # Files bigger than this are skipped: a corpus is documents, not data dumps.
 MAX_FILE_BYTES = 256 * 1024 * 1024
 # How much of a file's head is sniffed for NUL bytes to call it binary.
@@ -348,6 +351,26 @@ def decode_text(data: bytes) -> str:
     return text.removeprefix("\ufeff")
 
 
+def cap_units(units: list[Unit], max_chars: int = MAX_UNIT_CHARS) -> list[Unit]:
+    """Cut units longer than ``max_chars`` into pieces, at line ends where there are any."""
+    out: list[Unit] = []
+    for u in units:
+        if u.chars <= max_chars:
+            out.append(u)
+            continue
+        text = u.text
+        start = 0
+        while start < len(text):
+            end = min(start + max_chars, len(text))
+            if end < len(text):
+                nl = text.rfind("\n", start + 1, end)
+                if nl > start:
+                    end = nl + 1
+            out.append(Unit((text[start:end],)))
+            start = end
+    return out
+
+
 def split_file(
     rel_path: str,
     data: bytes,
@@ -359,10 +382,12 @@ def split_file(
     text = decode_text(data)
     kind = kind_of(rel_path)
     if kind == "sql":
-        return kind, [Unit((s,)) for s in split_sql(text)]
-    if kind == "jsonl":
-        return split_jsonl(text, roles)
-    return kind, [Unit((p,)) for p in split_text(text, whole_limit)]
+        units = [Unit((s,)) for s in split_sql(text)]
+    elif kind == "jsonl":
+        kind, units = split_jsonl(text, roles)
+    else:
+        units = [Unit((p,)) for p in split_text(text, whole_limit)]
+    return kind, cap_units(units)
 
 
 def load_file(

@@ -218,3 +218,11 @@ def test_batches_cover_every_unit_once_in_order(sizes: list[list[int]], max_char
             seen[f.path].extend(range(a, b))
     for f in files:
         assert seen[f.path] == list(range(len(f.units)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet="ab\n", max_size=400), st.integers(1, 50))
+def test_cap_units_preserves_text_and_bounds_size(text: str, cap: int) -> None:
+    pieces = corpus.cap_units([Unit((text,))], cap)
+    assert "".join(p.text for p in pieces) == text
+    assert all(p.chars <= cap for p in pieces)
