@@ -120,7 +120,7 @@ class SuffixTree {
     int64_t count(const std::vector<Token>& pattern) const;
 
     int max_depth() const { return max_depth_; }
-    int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size() - free_nodes_.size()); }
+    int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size() - free_nodes_.size()) - 1; }  // root excluded
     int64_t num_sequences() const { return static_cast<int64_t>(seq_slots_.size()); }
     int64_t num_tokens() const { return live_tokens_; }
     int64_t retained_tokens() const;  // tokens held, including removed sequences still referenced
