@@ -1,1 +1,43 @@
-"""Python client for the suffixd daemon."""
+"""Python client for the suffixd daemon: ``Client`` (sync), ``AsyncClient`` (asyncio),
+and ``SuffixDraftModel`` (llama-cpp-python draft model backed by the daemon)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .client import Client, Session
+from .errors import (
+    AlreadyExistsError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    SuffixdError,
+    UnauthenticatedError,
+    UnavailableError,
+)
+from .types import AppendResult, Draft, SessionInfo
+
+__all__ = [
+    "AlreadyExistsError", "AppendResult", "AsyncClient", "Client", "DeadlineExceededError",
+    "Draft", "FailedPreconditionError", "InternalError", "InvalidArgumentError",
+    "NotFoundError", "PermissionDeniedError", "ResourceExhaustedError", "Session",
+    "SessionInfo", "SuffixDraftModel", "SuffixdError", "UnauthenticatedError",
+    "UnavailableError",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use: grpc.aio and llama_cpp are not needed by every user.
+    if name == "AsyncClient":
+        from .aio import AsyncClient
+
+        return AsyncClient
+    if name == "SuffixDraftModel":
+        from .draft_model import SuffixDraftModel
+
+        return SuffixDraftModel
+    raise AttributeError(name)

@@ -202,6 +202,11 @@ class Engine:
         self.fingerprint: str | None = tokenizer.fingerprint if tokenizer is not None else None
         self.started_at = time.time()
         self.extra_services: list[str] = []
+        # Hooks for other daemon modules (metrics, corpus watcher): observers are called as
+        # fn(event, **fields) for "speculate" (ns, seconds, draft) and "step" (ns, session,
+        # source, proposed, accepted); close hooks run first thing in close().
+        self.observers: list[Any] = []
+        self.close_hooks: list[Any] = []
 
         self.store = Store(self.data_dir / "store", sync=sync)
         try:
@@ -257,6 +262,11 @@ class Engine:
         if getattr(self, "_closed", True):
             return
         self._closed = True
+        for hook in self.close_hooks:
+            try:
+                hook()
+            except Exception:
+                log.exception("close hook failed")
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5)
@@ -644,7 +654,7 @@ class Engine:
                     sess.last_draft = None
                     accepted = _accepted_along(draft, toks)
                     self.record_step(sess.ns, sess.id, draft.source, len(draft.tokens),
-                                     accepted, draft=draft)
+                                     accepted, draft=draft, accepted_tokens=toks)
                 with self._ctr_lock:
                     self._bump(sess.ns, sess.id, "generated", len(toks))
                     if kind == "response":
@@ -724,7 +734,10 @@ class Engine:
                 f"max_tokens {max_tokens} is above the limit {self.limits.max_draft_tokens}"
             )
         drafter = self._drafter_for(cost_profile)
+        t0 = time.perf_counter()
         draft = drafter.propose(ns, session_id or None, ctx, max_tokens or None)
+        if self.observers:
+            self._notify("speculate", ns=ns, seconds=time.perf_counter() - t0, draft=draft)
         if sess is not None:
             sess.last = time.time()
             if remember:
@@ -755,13 +768,20 @@ class Engine:
         proposed: int,
         accepted: int,
         draft: Any = None,
+        accepted_tokens: Sequence[int] | None = None,
     ) -> None:
-        """Count one verified step: a draft of ``proposed`` tokens, ``accepted`` of them."""
+        """Count one verified step: a draft of ``proposed`` tokens, ``accepted`` of them.
+
+        With ``draft`` (a suffixcache Draft) the drafter's calibration learns from the
+        outcome; ``accepted_tokens`` (the tokens that followed) locates the accepted
+        branch of a tree draft.
+        """
         if source not in SOURCES:
             source = "none"
-        if draft is not None and source in ("session", "global", "corpus", "none"):
+        if draft is not None and len(draft.tokens) and source != "draft_model":
+            # Calibration is advisory; a failure there must not fail an append.
             with contextlib.suppress(Exception):
-                self.drafter.observe(draft, accepted)
+                self.drafter.observe(draft, accepted, accepted_tokens)
         sid = session_id or ""
         with self._ctr_lock:
             for key in ((ns, ""), (ns, sid)) if sid else ((ns, ""),):
@@ -773,9 +793,19 @@ class Engine:
                 bs[0] += 1
                 bs[1] += proposed
                 bs[2] += accepted
+        if self.observers:
+            self._notify("step", ns=ns, session=sid, source=source, proposed=proposed,
+                         accepted=accepted)
         doc = self._draft_document(ns, draft) if draft is not None and accepted else None
         if doc is not None:
             self.record_document_accept(ns, doc, accepted)
+
+    def _notify(self, event: str, **fields: Any) -> None:
+        for fn in self.observers:
+            try:
+                fn(event, **fields)
+            except Exception:  # an observer must never fail a request
+                log.exception("observer failed")
 
     def _draft_document(self, ns: str, draft: Any) -> str | None:
         # The drafter may name the corpus sequence it drew from; map it to its document.

@@ -1,0 +1,90 @@
+"""`suffixd serve`: run the daemon."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where LMDB, the socket and the lock live [default: ~/.local/share/suffixd, "
+                   "or $XDG_DATA_HOME/suffixd].")
+@click.option("--listen", "listen", multiple=True, metavar="unix:PATH|HOST:PORT",
+              help="Listener (repeatable). Default: unix:<data dir>/suffixd.sock (mode 0600).")
+@click.option("--auth-token", envvar="SUFFIXD_AUTH_TOKEN", default=None, show_envvar=True,
+              help="Bearer token required on TCP listeners.")
+@click.option("--insecure", is_flag=True,
+              help="Allow a TCP listener without a token (anyone who reaches the port).")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--model", default="default", show_default=True,
+              help="GGUF model (its tokenizer; the verifier uses it too). 'default' is the "
+                   "embedded gemma-3-270m; 'none' serves token ids only.")
+@click.option("--workers", type=int, default=32, show_default=True, help="RPC worker threads.")
+@click.option("--global-budget-tokens", type=int, default=4_000_000, show_default=True,
+              help="Tokens kept in each namespace's global tree (oldest responses evicted).")
+@click.option("--max-sessions", type=int, default=10_000, show_default=True,
+              help="Open sessions per namespace.")
+@click.option("--session-idle-timeout", type=float, default=24 * 3600.0, show_default=True,
+              help="Seconds after which an untouched session is closed (0: never).")
+@click.option("--max-tokens-per-call", type=int, default=1 << 20, show_default=True)
+@click.option("--max-message-bytes", type=int, default=16 << 20, show_default=True)
+@click.option("--log-json", is_flag=True, help="One JSON object per log line.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--no-sync", is_flag=True, hidden=True,
+              help="Do not fsync commits (benchmarks only: acknowledged writes may be lost).")
+def serve(
+    data_dir: Path | None,
+    listen: tuple[str, ...],
+    auth_token: str | None,
+    insecure: bool,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    model: str,
+    workers: int,
+    global_budget_tokens: int,
+    max_sessions: int,
+    session_idle_timeout: float,
+    max_tokens_per_call: int,
+    max_message_bytes: int,
+    log_json: bool,
+    log_level: str,
+    no_sync: bool,
+) -> None:
+    """Run the suffixd daemon (gRPC) until SIGTERM or Ctrl-C."""
+    from suffixd.daemon.config import CacheConfig, Limits, default_data_dir
+    from suffixd.daemon.server import ServeConfig, ServeError, run, setup_logging
+
+    setup_logging(log_json, log_level)
+    if bool(tls_cert) != bool(tls_key):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    cfg = ServeConfig(
+        data_dir=data_dir or default_data_dir(),
+        listen=list(listen),
+        auth_token=auth_token or None,
+        insecure=insecure,
+        model=None if model.lower() == "none" else model,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        max_workers=workers,
+        limits=Limits(
+            max_message_bytes=max_message_bytes,
+            max_tokens_per_call=max_tokens_per_call,
+            max_sessions_per_namespace=max_sessions,
+            session_idle_timeout_s=session_idle_timeout,
+        ),
+        cache=CacheConfig(global_budget_tokens=global_budget_tokens),
+        sync=not no_sync,
+    )
+    try:
+        code = run(cfg)
+    except ServeError as exc:
+        click.echo(f"suffixd serve: error: {exc}", err=True)
+        sys.exit(2)
+    sys.stderr.flush()
+    os._exit(code) if code else None

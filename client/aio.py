@@ -1,0 +1,188 @@
+"""asyncio client of the suffixd daemon (grpc.aio); same methods as Client, awaitable.
+
+    async with AsyncClient() as client:
+        async with await client.session(namespace="sql") as s:
+            await s.append(text="...", kind="prompt")
+            draft = await s.speculate()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import grpc
+import grpc.aio
+from suffixd.v1 import suffixd_pb2 as pb
+from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
+
+from .client import channel_options
+from .errors import UnavailableError, from_rpc_error
+from .types import (
+    AppendResult,
+    Draft,
+    SessionInfo,
+    append_request,
+    content,
+    default_target,
+    message_to_dict,
+    speculate_request,
+)
+
+
+class AsyncSession:
+    def __init__(self, client: AsyncClient, info: SessionInfo, keep_responses: bool = True) -> None:
+        self.client = client
+        self.info = info
+        self.namespace = info.namespace
+        self.id = info.session_id
+        self.keep_responses = keep_responses
+        self.closed = False
+
+    async def append(self, tokens: Sequence[int] | None = None, *, text: str | None = None,
+                     kind: str = "prompt") -> AppendResult:
+        return await self.client.append(self.namespace, self.id, tokens, text=text, kind=kind)
+
+    async def speculate(self, context: Sequence[int] | None = None, max_tokens: int | None = None,
+                        cost_profile: Mapping[int, float] | None = None) -> Draft:
+        return await self.client.speculate(self.namespace, self.id, context, max_tokens,
+                                           cost_profile)
+
+    async def describe(self, include_counters: bool = False) -> SessionInfo:
+        return await self.client.describe_session(self.namespace, self.id, include_counters)
+
+    async def close(self, keep_responses: bool | None = None) -> None:
+        if self.closed:
+            return
+        keep = self.keep_responses if keep_responses is None else keep_responses
+        await self.client.close_session(self.namespace, self.id, keep_responses=keep)
+        self.closed = True
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        target: str | None = None,
+        *,
+        token: str | None = None,
+        timeout: float | None = 30.0,
+        retries: int = 5,
+        backoff: float = 0.05,
+        root_certificates: bytes | None = None,
+        tls: bool = False,
+        max_message_bytes: int = 16 << 20,
+    ) -> None:
+        self.target = default_target(target)
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+        opts = channel_options(max_message_bytes)
+        if tls or root_certificates:
+            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+            self.channel = grpc.aio.secure_channel(self.target, creds, options=opts)
+        else:
+            self.channel = grpc.aio.insecure_channel(self.target, options=opts)
+        self.stub = pb_grpc.SuffixdStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def stub_for(self, stub_class: Callable[[grpc.aio.Channel], Any]) -> Any:
+        return stub_class(self.channel)
+
+    async def call(self, method: Callable[..., Any], request: Any, timeout: float | None = None,
+                   retry: bool = True) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return await method(request, timeout=timeout or self.timeout,
+                                    metadata=self.metadata)
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if not (retry and isinstance(err, UnavailableError)) or attempt >= self.retries:
+                    raise err from None
+            await asyncio.sleep(min(self.backoff * (2**attempt) * (0.5 + random.random()), 2.0))
+            attempt += 1
+
+    async def info(self) -> dict[str, Any]:
+        return message_to_dict(await self.call(self.stub.Info, pb.InfoRequest()))
+
+    async def tokenize(self, text: str) -> list[int]:
+        return list((await self.call(self.stub.Tokenize, pb.TokenizeRequest(text=text))).ids)
+
+    async def open_session(self, namespace: str = "default", session_id: str | None = None,
+                           metadata: Mapping[str, str] | None = None,
+                           tokens: Sequence[int] | None = None, text: str | None = None
+                           ) -> SessionInfo:
+        req = pb.OpenSessionRequest(namespace=namespace, session_id=session_id or "",
+                                    metadata=dict(metadata or {}))
+        if tokens is not None or text is not None:
+            content(req, tokens, text)
+        return SessionInfo.from_pb(await self.call(self.stub.OpenSession, req, retry=False))
+
+    async def session(self, namespace: str = "default", session_id: str | None = None,
+                      metadata: Mapping[str, str] | None = None, keep_responses: bool = True,
+                      tokens: Sequence[int] | None = None, text: str | None = None
+                      ) -> AsyncSession:
+        info = await self.open_session(namespace, session_id, metadata, tokens, text)
+        return AsyncSession(self, info, keep_responses)
+
+    async def close_session(self, namespace: str, session_id: str, keep_responses: bool = True
+                            ) -> dict[str, Any]:
+        req = pb.CloseSessionRequest(namespace=namespace, session_id=session_id,
+                                     keep_responses=keep_responses)
+        return message_to_dict(await self.call(self.stub.CloseSession, req))
+
+    async def list_sessions(self, namespace: str | None = None) -> list[SessionInfo]:
+        resp = await self.call(self.stub.ListSessions,
+                               pb.ListSessionsRequest(namespace=namespace or ""))
+        return [SessionInfo.from_pb(s) for s in resp.sessions]
+
+    async def describe_session(self, namespace: str, session_id: str,
+                               include_counters: bool = False) -> SessionInfo:
+        req = pb.DescribeSessionRequest(namespace=namespace, session_id=session_id,
+                                        include_counters=include_counters)
+        return SessionInfo.from_pb(await self.call(self.stub.DescribeSession, req))
+
+    async def append(self, namespace: str, session_id: str, tokens: Sequence[int] | None = None,
+                     *, text: str | None = None, kind: str = "prompt") -> AppendResult:
+        req = append_request(namespace, session_id, kind, tokens, text)
+        r = await self.call(self.stub.Append, req)
+        return AppendResult(r.appended, r.session_tokens, r.accepted, list(r.ids))
+
+    async def append_batch(self, items: Iterable[tuple[str, str, str, Sequence[int]]]
+                           ) -> dict[str, int]:
+        req = pb.AppendBatchRequest(
+            items=[append_request(ns, sid, kind, toks, None) for ns, sid, kind, toks in items]
+        )
+        r = await self.call(self.stub.AppendBatch, req)
+        return {"items": r.items, "tokens": r.tokens}
+
+    async def speculate(self, namespace: str, session_id: str | None = None,
+                        context: Sequence[int] | None = None, max_tokens: int | None = None,
+                        cost_profile: Mapping[int, float] | None = None) -> Draft:
+        req = speculate_request(namespace, session_id, context, max_tokens, cost_profile)
+        return Draft.from_pb(await self.call(self.stub.Speculate, req))
+
+    async def stats(self, namespace: str | None = None, session_id: str | None = None,
+                    include_sessions: bool = False, top_documents: int = 10) -> dict[str, Any]:
+        req = pb.StatsRequest(namespace=namespace or "", session_id=session_id or "",
+                              include_sessions=include_sessions, top_documents=top_documents)
+        return message_to_dict(await self.call(self.stub.Stats, req))

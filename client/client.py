@@ -1,0 +1,280 @@
+"""Synchronous client of the suffixd daemon.
+
+    from suffixd.client import Client
+
+    with Client() as client:                       # default socket of the default data dir
+        with client.session(namespace="sql") as s:  # closed (responses kept) on exit
+            s.append(text="<user>\\nHow many singers?", kind="prompt")
+            draft = s.speculate(max_tokens=16)
+            s.append(tokens=accepted_tokens, kind="response")
+
+Errors are raised as subclasses of SuffixdError (NotFoundError, InvalidArgumentError, ...).
+UNAVAILABLE (daemon restarting, socket not there yet) is retried with exponential
+backoff, ``retries`` times.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import grpc
+from suffixd.v1 import suffixd_pb2 as pb
+from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
+
+from .errors import UnavailableError, from_rpc_error
+from .types import (
+    AppendResult,
+    Draft,
+    SessionInfo,
+    append_request,
+    content,
+    default_target,
+    message_to_dict,
+    speculate_request,
+)
+
+T = TypeVar("T")
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+
+
+class Session:
+    """An open session; use as a context manager to close it on exit."""
+
+    def __init__(self, client: Client, info: SessionInfo, keep_responses: bool = True) -> None:
+        self.client = client
+        self.info = info
+        self.namespace = info.namespace
+        self.id = info.session_id
+        self.keep_responses = keep_responses
+        self.closed = False
+
+    def append(
+        self,
+        tokens: Sequence[int] | None = None,
+        *,
+        text: str | None = None,
+        kind: str = "prompt",
+    ) -> AppendResult:
+        return self.client.append(self.namespace, self.id, tokens, text=text, kind=kind)
+
+    def speculate(
+        self,
+        context: Sequence[int] | None = None,
+        max_tokens: int | None = None,
+        cost_profile: Mapping[int, float] | None = None,
+    ) -> Draft:
+        return self.client.speculate(self.namespace, self.id, context, max_tokens, cost_profile)
+
+    def describe(self, include_counters: bool = False) -> SessionInfo:
+        return self.client.describe_session(self.namespace, self.id, include_counters)
+
+    def close(self, keep_responses: bool | None = None) -> None:
+        if self.closed:
+            return
+        keep = self.keep_responses if keep_responses is None else keep_responses
+        self.client.close_session(self.namespace, self.id, keep_responses=keep)
+        self.closed = True
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Client:
+    def __init__(
+        self,
+        target: str | None = None,
+        *,
+        token: str | None = None,
+        timeout: float | None = 30.0,
+        retries: int = 5,
+        backoff: float = 0.05,
+        root_certificates: bytes | None = None,
+        tls: bool = False,
+        max_message_bytes: int = 16 << 20,
+    ) -> None:
+        self.target = default_target(target)
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+        opts = channel_options(max_message_bytes)
+        if tls or root_certificates:
+            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+            self.channel = grpc.secure_channel(self.target, creds, options=opts)
+        else:
+            self.channel = grpc.insecure_channel(self.target, options=opts)
+        self.stub = pb_grpc.SuffixdStub(self.channel)
+
+    # -- plumbing ----------------------------------------------------------
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stub_for(self, stub_class: Callable[[grpc.Channel], T]) -> T:
+        """A stub of another suffixd service on this client's channel (use with .call)."""
+        return stub_class(self.channel)
+
+    def call(self, method: Callable[..., Any], request: Any, timeout: float | None = None,
+             retry: bool = True) -> Any:
+        """Invoke a unary method with auth metadata, error mapping and UNAVAILABLE retries."""
+        attempt = 0
+        while True:
+            try:
+                return method(request, timeout=timeout or self.timeout, metadata=self.metadata)
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if not (retry and isinstance(err, UnavailableError)) or attempt >= self.retries:
+                    raise err from None
+            delay = self.backoff * (2**attempt) * (0.5 + random.random())
+            time.sleep(min(delay, 2.0))
+            attempt += 1
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Block until the daemon answers (e.g. right after starting it)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.stub.Info(pb.InfoRequest(), timeout=1.0, metadata=self.metadata,
+                               wait_for_ready=True)
+                return
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                retryable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                if err.code not in retryable or time.monotonic() >= deadline:
+                    raise err from None
+                time.sleep(0.05)
+
+    # -- info ----------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        return message_to_dict(self.call(self.stub.Info, pb.InfoRequest()))
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.call(self.stub.Tokenize, pb.TokenizeRequest(text=text)).ids)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return str(self.call(self.stub.Detokenize, pb.DetokenizeRequest(ids=list(ids))).text)
+
+    # -- sessions ------------------------------------------------------------
+    def open_session(
+        self,
+        namespace: str = "default",
+        session_id: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        tokens: Sequence[int] | None = None,
+        text: str | None = None,
+    ) -> SessionInfo:
+        req = pb.OpenSessionRequest(namespace=namespace, session_id=session_id or "",
+                                    metadata=dict(metadata or {}))
+        if tokens is not None or text is not None:
+            content(req, tokens, text)
+        # Not retried: a lost reply would turn into ALREADY_EXISTS on the retry.
+        return SessionInfo.from_pb(self.call(self.stub.OpenSession, req, retry=False))
+
+    def session(
+        self,
+        namespace: str = "default",
+        session_id: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        keep_responses: bool = True,
+        tokens: Sequence[int] | None = None,
+        text: str | None = None,
+    ) -> Session:
+        """Open a session; ``with client.session(...) as s:`` closes it on exit."""
+        info = self.open_session(namespace, session_id, metadata, tokens, text)
+        return Session(self, info, keep_responses)
+
+    def close_session(self, namespace: str, session_id: str, keep_responses: bool = True
+                      ) -> dict[str, Any]:
+        req = pb.CloseSessionRequest(namespace=namespace, session_id=session_id,
+                                     keep_responses=keep_responses)
+        return message_to_dict(self.call(self.stub.CloseSession, req))
+
+    def list_sessions(self, namespace: str | None = None) -> list[SessionInfo]:
+        resp = self.call(self.stub.ListSessions, pb.ListSessionsRequest(namespace=namespace or ""))
+        return [SessionInfo.from_pb(s) for s in resp.sessions]
+
+    def describe_session(self, namespace: str, session_id: str, include_counters: bool = False
+                         ) -> SessionInfo:
+        req = pb.DescribeSessionRequest(namespace=namespace, session_id=session_id,
+                                        include_counters=include_counters)
+        return SessionInfo.from_pb(self.call(self.stub.DescribeSession, req))
+
+    # -- ingest ----------------------------------------------------------------
+    def append(
+        self,
+        namespace: str,
+        session_id: str,
+        tokens: Sequence[int] | None = None,
+        *,
+        text: str | None = None,
+        kind: str = "prompt",
+    ) -> AppendResult:
+        """Append to a session; returns once the daemon committed it durably."""
+        req = append_request(namespace, session_id, kind, tokens, text)
+        r = self.call(self.stub.Append, req)
+        return AppendResult(r.appended, r.session_tokens, r.accepted, list(r.ids))
+
+    def append_batch(self, items: Iterable[tuple[str, str, str, Sequence[int]]]) -> dict[str, int]:
+        """Items (namespace, session_id, kind, tokens), applied in order, committed together."""
+        req = pb.AppendBatchRequest(
+            items=[append_request(ns, sid, kind, toks, None) for ns, sid, kind, toks in items]
+        )
+        r = self.call(self.stub.AppendBatch, req)
+        return {"items": r.items, "tokens": r.tokens}
+
+    def ingest_stream(self, requests: Iterable[pb.AppendRequest]) -> dict[str, int]:
+        """Client-streaming bulk ingest (not retried: the iterator cannot be replayed)."""
+        try:
+            r = self.stub.IngestStream(iter(requests), timeout=None, metadata=self.metadata)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        return {"items": r.items, "tokens": r.tokens}
+
+    # -- drafts ------------------------------------------------------------------
+    def speculate(
+        self,
+        namespace: str,
+        session_id: str | None = None,
+        context: Sequence[int] | None = None,
+        max_tokens: int | None = None,
+        cost_profile: Mapping[int, float] | None = None,
+    ) -> Draft:
+        req = speculate_request(namespace, session_id, context, max_tokens, cost_profile)
+        return Draft.from_pb(self.call(self.stub.Speculate, req))
+
+    def stats(
+        self,
+        namespace: str | None = None,
+        session_id: str | None = None,
+        include_sessions: bool = False,
+        top_documents: int = 10,
+    ) -> dict[str, Any]:
+        req = pb.StatsRequest(namespace=namespace or "", session_id=session_id or "",
+                              include_sessions=include_sessions, top_documents=top_documents)
+        return message_to_dict(self.call(self.stub.Stats, req))
+
+    def health(self, service: str = "") -> str:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        r = self.call(stub.Check, health_pb2.HealthCheckRequest(service=service))
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(r.status))

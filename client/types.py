@@ -1,0 +1,152 @@
+"""Plain result types of the client and the conversions from/to protobuf."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from suffixd.v1 import suffixd_pb2 as pb
+
+KINDS = {
+    "prompt": pb.KIND_PROMPT,
+    "tool": pb.KIND_TOOL,
+    "response": pb.KIND_RESPONSE,
+    "generated": pb.KIND_GENERATED,
+}
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    parents: list[int]
+    probs: list[float]
+    match_len: int
+    source: str
+    sources: list[str]
+    score: float
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def path(self) -> list[int]:
+        """The most probable root-to-leaf path (all tokens for a path draft)."""
+        if all(p == i - 1 for i, p in enumerate(self.parents)):
+            return list(self.tokens)
+        # Tree: follow the most probable child from the root.
+        children: dict[int, list[int]] = {}
+        for i, p in enumerate(self.parents):
+            children.setdefault(p, []).append(i)
+        out, node = [], -1
+        while children.get(node):
+            node = max(children[node], key=lambda c: self.probs[c] if c < len(self.probs) else 0)
+            out.append(self.tokens[node])
+        return out
+
+    @classmethod
+    def from_pb(cls, m: pb.SpeculateResponse) -> Draft:
+        return cls(list(m.tokens), list(m.parents), list(m.probs), m.match_len, m.source,
+                   list(m.sources), m.score)
+
+
+@dataclass
+class SessionInfo:
+    namespace: str
+    session_id: str
+    metadata: dict[str, str]
+    tokens: int
+    created_at: float
+    last_active_at: float
+    responses: int
+    counters: dict[str, Any] | None = None
+
+    @classmethod
+    def from_pb(cls, m: pb.SessionInfo) -> SessionInfo:
+        return cls(
+            m.namespace, m.session_id, dict(m.metadata), m.tokens, m.created_at,
+            m.last_active_at, m.responses,
+            message_to_dict(m.counters) if m.HasField("counters") else None,
+        )
+
+
+@dataclass
+class AppendResult:
+    appended: int
+    session_tokens: int
+    accepted: int  # -1: no speculate was pending
+    ids: list[int] = field(default_factory=list)  # the token ids, when text was sent
+
+
+def message_to_dict(m: Any) -> dict[str, Any]:
+    """A message as plain Python (ints stay ints, unlike the JSON mapping of uint64)."""
+    out: dict[str, Any] = {}
+    for f in m.DESCRIPTOR.fields:
+        v = getattr(m, f.name)
+        if f.message_type is not None and f.message_type.GetOptions().map_entry:
+            out[f.name] = dict(v)
+        elif f.message_type is not None:
+            if f.label == f.LABEL_REPEATED:
+                out[f.name] = [message_to_dict(x) for x in v]
+            else:
+                out[f.name] = message_to_dict(v) if m.HasField(f.name) else None
+        elif f.label == f.LABEL_REPEATED:
+            out[f.name] = list(v)
+        else:
+            out[f.name] = v
+    return out
+
+
+def content(msg: Any, tokens: Sequence[int] | None, text: str | None) -> None:
+    if (tokens is None) == (text is None):
+        raise ValueError("give exactly one of tokens or text")
+    if text is not None:
+        msg.text = text
+    else:
+        msg.tokens.ids.extend(tokens)  # type: ignore[arg-type]
+
+
+def append_request(
+    namespace: str, session_id: str, kind: str, tokens: Sequence[int] | None, text: str | None
+) -> pb.AppendRequest:
+    try:
+        k = KINDS[kind]
+    except KeyError:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}") from None
+    req = pb.AppendRequest(namespace=namespace, session_id=session_id, kind=k)
+    content(req, tokens, text)
+    return req
+
+
+def speculate_request(
+    namespace: str,
+    session_id: str | None,
+    context: Sequence[int] | None,
+    max_tokens: int | None,
+    cost_profile: Mapping[int, float] | None,
+) -> pb.SpeculateRequest:
+    req = pb.SpeculateRequest(namespace=namespace, session_id=session_id or "",
+                              max_tokens=max_tokens or 0)
+    if context is not None:
+        req.context.ids.extend(context)
+    if cost_profile:
+        req.cost_profile.k.extend(int(k) for k in cost_profile)
+        req.cost_profile.cost.extend(float(v) for v in cost_profile.values())
+    return req
+
+
+def default_target(target: str | os.PathLike[str] | None) -> str:
+    """unix:PATH or HOST:PORT. None: $SUFFIXD_ADDRESS, else the default data dir's socket."""
+    if target is None:
+        env = os.environ.get("SUFFIXD_ADDRESS")
+        if env:
+            return default_target(env)
+        base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        return f"unix:{Path(base) / 'suffixd' / 'suffixd.sock'}"
+    t = os.fspath(target)
+    if t.startswith(("unix:", "dns:", "ipv4:", "ipv6:")):
+        return t
+    if t.startswith("/") or t.startswith("."):
+        return f"unix:{Path(t).resolve()}"
+    return t

@@ -1,0 +1,340 @@
+"""gRPC server setup for `suffixd serve`.
+
+* Listeners: a Unix socket (default ``<data dir>/suffixd.sock``, mode 0600) and/or TCP
+  (``HOST:PORT``), which requires a bearer token unless ``insecure`` is set explicitly;
+  optional TLS on TCP.
+* Services: suffixd.v1.Suffixd, the standard health service, server reflection, plus the
+  extra services listed in EXTRA_SERVICES (one line per daemon module).
+* One daemon per data directory (an exclusive ``flock`` on ``<data dir>/suffixd.lock``).
+* Graceful shutdown on SIGTERM/SIGINT: stop accepting, let in-flight RPCs finish (grace
+  period), then close the engine (counters flushed, LMDB closed cleanly).
+* ``<data dir>/daemon.json`` announces the pid and the bound addresses once serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from .auth import BearerTokenInterceptor
+from .config import CacheConfig, Limits, default_socket_path
+
+log = logging.getLogger("suffixd.server")
+
+# ---------------------------------------------------------------------------------------
+# EXTRA SERVICES: other daemon modules add ONE line each: "module:function", where
+# function(server: grpc.Server, engine: Engine) -> list[str] registers its servicer(s)
+# and returns their full service names (for reflection and Info). A module that is not
+# present in this installation is skipped.
+EXTRA_SERVICES: list[str] = [
+    # "suffixd.daemon.verifier:register",
+    # "suffixd.daemon.corpus_service:register",
+]
+# ---------------------------------------------------------------------------------------
+
+
+class ServeError(Exception):
+    """A configuration or start-up problem, reported to the user as one clear line."""
+
+
+@dataclass
+class ServeConfig:
+    data_dir: Path
+    listen: list[str] = field(default_factory=list)  # empty: the default Unix socket
+    auth_token: str | None = None
+    insecure: bool = False
+    model: str | None = "default"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    max_workers: int = 32
+    grace_s: float = 10.0
+    limits: Limits = field(default_factory=Limits)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    sync: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # options for extra services
+
+
+class DataDirLock:
+    """Exclusive lock on a data directory, held for the daemon's lifetime."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / "suffixd.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise
+            try:
+                other = os.read(fd, 64).decode().strip() or "?"
+            finally:
+                os.close(fd)
+            raise ServeError(
+                f"another suffixd daemon (pid {other}) is already using the data directory "
+                f"{self.path.parent}; stop it or pass another --data-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
+            os.close(self._fd)
+            self._fd = None
+
+
+@dataclass
+class Listener:
+    kind: str  # "unix" or "tcp"
+    address: str  # socket path, or host:port
+
+    @property
+    def target(self) -> str:
+        return f"unix:{self.address}" if self.kind == "unix" else self.address
+
+
+def parse_listen(spec: str) -> Listener:
+    s = spec.strip()
+    if s.startswith("unix://"):
+        return Listener("unix", s[len("unix://"):])
+    if s.startswith("unix:"):
+        return Listener("unix", s[len("unix:"):])
+    if s.startswith("tcp://"):
+        s = s[len("tcp://"):]
+    host, sep, port = s.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ServeError(f"--listen {spec!r}: expected unix:PATH or HOST:PORT")
+    return Listener("tcp", s)
+
+
+class JsonFormatter(logging.Formatter):
+    _skip = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        out.update({k: v for k, v in vars(record).items() if k not in self._skip})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+class KeyValueFormatter(logging.Formatter):
+    _skip = JsonFormatter._skip
+
+    def format(self, record: logging.LogRecord) -> str:
+        extra = " ".join(f"{k}={v}" for k, v in vars(record).items() if k not in self._skip)
+        line = f"{time.strftime('%H:%M:%S', time.localtime(record.created))} " \
+               f"{record.levelname.lower():5} {record.name}: {record.getMessage()}"
+        if extra:
+            line += " " + extra
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def setup_logging(json_logs: bool = False, level: str = "info") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if json_logs else KeyValueFormatter())
+    root = logging.getLogger("suffixd")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+def _load_extra(spec: str) -> Callable[[grpc.Server, Any], list[str] | None] | None:
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            return None
+        raise
+    fn: Callable[[grpc.Server, Any], list[str] | None] = getattr(module, attr)
+    return fn
+
+
+def build_server(engine: Any, cfg: ServeConfig) -> tuple[grpc.Server, list[Listener]]:
+    """Create the server, register every service and bind the listeners (not started)."""
+    from . import service
+
+    listeners = [parse_listen(s) for s in cfg.listen] or [
+        Listener("unix", str(default_socket_path(cfg.data_dir)))
+    ]
+    tcp = [lst for lst in listeners if lst.kind == "tcp"]
+    token = cfg.auth_token
+    if tcp and not token and not cfg.insecure:
+        raise ServeError(
+            "a TCP listener needs a bearer token (--auth-token or SUFFIXD_AUTH_TOKEN), "
+            "or --insecure to accept anyone who can reach the port"
+        )
+    interceptors = [BearerTokenInterceptor(token)] if (tcp and token) else []
+    options = [
+        ("grpc.max_receive_message_length", cfg.limits.max_message_bytes),
+        ("grpc.max_send_message_length", cfg.limits.max_message_bytes),
+        # Two daemons must never share a port silently.
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="rpc"),
+        interceptors=interceptors,
+        options=options,
+        maximum_concurrent_rpcs=max(64, cfg.max_workers * 8),
+    )
+    names = service.register(server, engine)
+    for spec in EXTRA_SERVICES:
+        fn = _load_extra(spec)
+        if fn is not None:
+            names.extend(fn(server, engine) or [])
+    engine.extra_services = [n for n in names if n != "suffixd.v1.Suffixd"]
+
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for n in ["", *names]:
+        health_servicer.set(n, health_pb2.HealthCheckResponse.SERVING)
+    server.health_servicer = health_servicer  # type: ignore[attr-defined]
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME],
+        server,
+    )
+
+    bound: list[Listener] = []
+    for lst in listeners:
+        if lst.kind == "unix":
+            path = Path(lst.address)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # A socket left by a crashed daemon: safe to remove, we hold the data-dir lock.
+            if path.is_socket():
+                path.unlink()
+            elif path.exists():
+                raise ServeError(f"{path} exists and is not a socket")
+            # Create the socket with mode 0600 from the start (no window where it is open).
+            old = os.umask(0o177)
+            try:
+                ok = server.add_insecure_port(lst.target)
+            finally:
+                os.umask(old)
+            if not ok or not path.exists():
+                raise ServeError(f"cannot listen on {lst.target}")
+            os.chmod(path, 0o600)
+            bound.append(lst)
+        else:
+            try:
+                if cfg.tls_cert and cfg.tls_key:
+                    creds = grpc.ssl_server_credentials(
+                        [(Path(cfg.tls_key).read_bytes(), Path(cfg.tls_cert).read_bytes())]
+                    )
+                    port = server.add_secure_port(lst.address, creds)
+                else:
+                    port = server.add_insecure_port(lst.address)
+            except RuntimeError as exc:
+                raise ServeError(f"cannot listen on {lst.address}: {exc}") from None
+            if not port:
+                raise ServeError(f"cannot listen on {lst.address} (port in use?)")
+            host = lst.address.rpartition(":")[0]
+            bound.append(Listener("tcp", f"{host}:{port}"))
+    return server, bound
+
+
+def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT. Raises ServeError for a start-up problem."""
+    from suffixcache.store import TokenizerMismatchError
+
+    from .engine import Engine
+
+    cfg.data_dir = Path(cfg.data_dir).expanduser()
+    cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = DataDirLock(cfg.data_dir)
+    lock.acquire()
+    announce = cfg.data_dir / "daemon.json"
+    engine = None
+    server = None
+    bound: list[Listener] = []
+    try:
+        t0 = time.perf_counter()
+        try:
+            engine = Engine(cfg.data_dir, model_path=cfg.model, limits=cfg.limits,
+                            cache_config=cfg.cache, sync=cfg.sync)
+        except TokenizerMismatchError as exc:
+            raise ServeError(str(exc)) from None
+        except FileNotFoundError as exc:
+            raise ServeError(str(exc)) from None
+        engine.serve_config = cfg  # type: ignore[attr-defined]
+        server, bound = build_server(engine, cfg)
+        stop = threading.Event()
+
+        def on_signal(signum: int, frame: Any) -> None:
+            log.info("signal received, shutting down", extra={"signal": signum})
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        server.start()
+        tmp = announce.with_suffix(".tmp")
+        tmp.write_text(json.dumps({
+            "pid": os.getpid(),
+            "listen": [b.target for b in bound],
+            "started_at": time.time(),
+        }))
+        os.replace(tmp, announce)
+        log.info(
+            "serving",
+            extra={"listen": ",".join(b.target for b in bound),
+                   "model": str(engine.model_path or ""),
+                   "rebuild_tokens": engine.rebuild_tokens,
+                   "rebuild_s": round(engine.rebuild_seconds, 3),
+                   "startup_s": round(time.perf_counter() - t0, 3)},
+        )
+        if ready is not None:
+            ready(bound)
+        while not stop.wait(0.5):
+            pass
+        health_servicer = getattr(server, "health_servicer", None)
+        if health_servicer is not None:
+            health_servicer.enter_graceful_shutdown()
+        server.stop(cfg.grace_s).wait()
+        server = None
+        return 0
+    finally:
+        if server is not None:
+            server.stop(0)
+        if engine is not None:
+            engine.close()
+        with contextlib.suppress(OSError):
+            announce.unlink()
+        for b in bound:
+            if b.kind == "unix":
+                with contextlib.suppress(OSError):
+                    Path(b.address).unlink()
+        lock.release()
+        log.info("stopped")

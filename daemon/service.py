@@ -1,0 +1,284 @@
+"""The suffixd.v1.Suffixd servicer: protobuf <-> Engine, errors -> gRPC status codes.
+
+Per-RPC work is kept to converting messages; everything else is the engine's.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+from suffixd.v1 import suffixd_pb2 as pb
+from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
+
+from suffixcache.store import StoreClosedError
+
+from .engine import Engine
+from .errors import EngineError, InvalidArgument
+
+log = logging.getLogger("suffixd.service")
+
+KIND_NAMES = {
+    pb.KIND_PROMPT: "prompt",
+    pb.KIND_TOOL: "tool",
+    pb.KIND_RESPONSE: "response",
+    pb.KIND_GENERATED: "generated",
+}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
+    if isinstance(exc, EngineError):
+        context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+    if isinstance(exc, StoreClosedError):
+        context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
+    log.exception("internal error in RPC")
+    context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def rpc(fn: F) -> F:
+    """Map engine errors to status codes (context.abort raises, ending the RPC)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return fn(self, request, context)
+        except Exception as exc:
+            if isinstance(exc, grpc.RpcError) or type(exc).__name__ == "_AbortError":
+                raise
+            _abort(context, exc)
+            raise  # unreachable: abort raises
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _kind(value: int) -> str:
+    name = KIND_NAMES.get(value)
+    if name is None:
+        raise InvalidArgument(
+            "kind must be one of KIND_PROMPT, KIND_TOOL, KIND_RESPONSE, KIND_GENERATED"
+        )
+    return name
+
+
+def counters_pb(c: dict[str, Any]) -> pb.Counters:
+    return pb.Counters(
+        requests=c["requests"],
+        steps=c["steps"],
+        draft_tokens_proposed=c["draft_tokens_proposed"],
+        draft_tokens_accepted=c["draft_tokens_accepted"],
+        acceptance_rate=c["acceptance_rate"],
+        mean_accepted_per_step=c["mean_accepted_per_step"],
+        by_source=[
+            pb.SourceCount(source=src, steps=v["steps"], proposed=v["proposed"],
+                           accepted=v["accepted"])
+            for src, v in c["by_source"].items()
+        ],
+        forward_passes_saved=c["forward_passes_saved"],
+        generated_tokens=c["generated_tokens"],
+    )
+
+
+def session_pb(info: dict[str, Any]) -> pb.SessionInfo:
+    msg = pb.SessionInfo(
+        namespace=info["namespace"],
+        session_id=info["session_id"],
+        metadata=info["metadata"],
+        tokens=info["tokens"],
+        created_at=info["created_at"],
+        last_active_at=info["last_active_at"],
+        responses=info["responses"],
+    )
+    if "counters" in info:
+        msg.counters.CopyFrom(counters_pb(info["counters"]))
+    return msg
+
+
+def _tree_pb(d: dict[str, Any]) -> pb.TreeSize:
+    return pb.TreeSize(
+        sequences=int(d.get("sequences", d.get("count", 0))),
+        tokens=int(d.get("tokens", 0)),
+        nodes=int(d.get("nodes", 0)),
+        bytes=int(d.get("bytes", 0)),
+        evictions=int(d.get("evictions", 0)),
+    )
+
+
+def _cost_profile(msg: pb.CostProfile) -> dict[str, Any] | None:
+    if not msg.k and not msg.cost:
+        return None
+    if len(msg.k) != len(msg.cost):
+        raise InvalidArgument("cost_profile: k and cost must have the same length")
+    return {str(k): float(c) for k, c in zip(msg.k, msg.cost, strict=True)}
+
+
+class SuffixdServicer(pb_grpc.SuffixdServicer):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def _tokens_of(self, request: Any) -> list[int]:
+        which = request.WhichOneof("content")
+        if which == "text":
+            return self.engine.tokenize(request.text)
+        if which == "tokens":
+            return list(request.tokens.ids)
+        return []
+
+    @rpc
+    def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoResponse:
+        i = self.engine.info()
+        lim = i["limits"]
+        return pb.InfoResponse(
+            version=i["version"],
+            model_path=i["model_path"],
+            vocab_size=i["vocab_size"],
+            tokenizer_fingerprint=i["tokenizer_fingerprint"],
+            data_dir=i["data_dir"],
+            limits=pb.Limits(
+                max_message_bytes=lim.max_message_bytes,
+                max_tokens_per_call=lim.max_tokens_per_call,
+                max_sessions_per_namespace=lim.max_sessions_per_namespace,
+                session_idle_timeout_s=lim.session_idle_timeout_s,
+                max_draft_tokens=lim.max_draft_tokens,
+            ),
+            services=i["services"],
+        )
+
+    @rpc
+    def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> Any:
+        return pb.TokenizeResponse(ids=self.engine.tokenize(request.text))
+
+    @rpc
+    def Detokenize(self, request: pb.DetokenizeRequest, context: grpc.ServicerContext) -> Any:
+        return pb.DetokenizeResponse(text=self.engine.detokenize(list(request.ids)))
+
+    @rpc
+    def OpenSession(self, request: pb.OpenSessionRequest, context: grpc.ServicerContext) -> Any:
+        which = request.WhichOneof("initial")
+        if which == "text":
+            toks = self.engine.tokenize(request.text)
+        elif which == "tokens":
+            toks = list(request.tokens.ids)
+        else:
+            toks = []
+        info = self.engine.open_session(
+            request.namespace, request.session_id or None, dict(request.metadata), toks
+        )
+        return session_pb(info)
+
+    @rpc
+    def CloseSession(self, request: pb.CloseSessionRequest, context: grpc.ServicerContext) -> Any:
+        keep = request.keep_responses if request.HasField("keep_responses") else True
+        r = self.engine.close_session(request.namespace, request.session_id, keep)
+        return pb.CloseSessionResponse(tokens=r["tokens"], responses_kept=r["responses_kept"])
+
+    @rpc
+    def ListSessions(self, request: pb.ListSessionsRequest, context: grpc.ServicerContext) -> Any:
+        infos = self.engine.list_sessions(request.namespace or None)
+        return pb.ListSessionsResponse(sessions=[session_pb(i) for i in infos])
+
+    @rpc
+    def DescribeSession(
+        self, request: pb.DescribeSessionRequest, context: grpc.ServicerContext
+    ) -> Any:
+        info = self.engine.describe_session(
+            request.namespace, request.session_id, 0, request.include_counters
+        )
+        return session_pb(info)
+
+    @rpc
+    def Append(self, request: pb.AppendRequest, context: grpc.ServicerContext) -> Any:
+        kind = _kind(request.kind)
+        toks = self._tokens_of(request)
+        r = self.engine.append(request.namespace, request.session_id, kind, toks)
+        resp = pb.AppendResponse(appended=r.appended, session_tokens=r.session_tokens,
+                                 accepted=r.accepted)
+        if request.WhichOneof("content") == "text":
+            resp.ids.extend(toks)
+        return resp
+
+    def _items(self, requests: Iterator[pb.AppendRequest]) -> list[tuple[str, str, str, list[int]]]:
+        return [(r.namespace, r.session_id, _kind(r.kind), self._tokens_of(r)) for r in requests]
+
+    @rpc
+    def AppendBatch(self, request: pb.AppendBatchRequest, context: grpc.ServicerContext) -> Any:
+        results = self.engine.append_many(self._items(iter(request.items)))
+        return pb.IngestSummary(items=len(results), tokens=sum(r.appended for r in results))
+
+    @rpc
+    def IngestStream(
+        self, request_iterator: Iterator[pb.AppendRequest], context: grpc.ServicerContext
+    ) -> Any:
+        # Commit in groups so a long stream neither holds everything in memory nor pays
+        # one fsync per item; the reply comes after the last group committed.
+        items, tokens, buf, buf_tokens = 0, 0, [], 0
+        limit = self.engine.limits.max_tokens_per_call
+        for req in request_iterator:
+            item = (req.namespace, req.session_id, _kind(req.kind), self._tokens_of(req))
+            if buf and buf_tokens + len(item[3]) > limit:
+                res = self.engine.append_many(buf)
+                items += len(res)
+                tokens += sum(r.appended for r in res)
+                buf, buf_tokens = [], 0
+            buf.append(item)
+            buf_tokens += len(item[3])
+        if buf:
+            res = self.engine.append_many(buf)
+            items += len(res)
+            tokens += sum(r.appended for r in res)
+        return pb.IngestSummary(items=items, tokens=tokens)
+
+    @rpc
+    def Speculate(self, request: pb.SpeculateRequest, context: grpc.ServicerContext) -> Any:
+        ctx = list(request.context.ids) if request.HasField("context") else None
+        draft = self.engine.propose(
+            request.namespace,
+            request.session_id or None,
+            ctx,
+            request.max_tokens or None,
+            _cost_profile(request.cost_profile) if request.HasField("cost_profile") else None,
+        )
+        return pb.SpeculateResponse(
+            tokens=draft.tokens,
+            parents=draft.parents,
+            probs=draft.probs,
+            match_len=draft.match_len,
+            source=draft.source,
+            sources=draft.sources,
+            score=draft.score,
+        )
+
+    @rpc
+    def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> Any:
+        st = self.engine.stats(
+            request.namespace or None,
+            request.session_id or None,
+            request.include_sessions,
+            request.top_documents or 10,
+        )
+        out = pb.StatsResponse()
+        for ns, e in st.items():
+            cache = e["cache"]
+            nsm = out.namespaces.add(
+                namespace=ns,
+                counters=counters_pb(e["counters"]),
+                open_sessions=e["open_sessions"],
+            )
+            getattr(nsm, "global").CopyFrom(_tree_pb(cache.get("global", {})))
+            nsm.corpus.CopyFrom(_tree_pb(cache.get("corpus", {})))
+            nsm.sessions.CopyFrom(_tree_pb(cache.get("sessions", {})))
+            for key, acc in e["top_documents"]:
+                nsm.top_documents.add(doc_key=key, accepted=acc)
+            for sid, s in e.get("sessions", {}).items():
+                nsm.session_stats.add(session_id=sid, counters=counters_pb(s["counters"]),
+                                      tokens=s["tokens"])
+        return out
+
+
+def register(server: grpc.Server, engine: Engine) -> list[str]:
+    pb_grpc.add_SuffixdServicer_to_server(SuffixdServicer(engine), server)
+    return [pb.DESCRIPTOR.services_by_name["Suffixd"].full_name]
