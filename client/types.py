@@ -87,11 +87,11 @@ def message_to_dict(m: Any) -> dict[str, Any]:
         if f.message_type is not None and f.message_type.GetOptions().map_entry:
             out[f.name] = dict(v)
         elif f.message_type is not None:
-            if f.label == f.LABEL_REPEATED:
+            if f.is_repeated:
                 out[f.name] = [message_to_dict(x) for x in v]
             else:
                 out[f.name] = message_to_dict(v) if m.HasField(f.name) else None
-        elif f.label == f.LABEL_REPEATED:
+        elif f.is_repeated:
             out[f.name] = list(v)
         else:
             out[f.name] = v

@@ -1,0 +1,144 @@
+"""Shared fixtures.
+
+``daemon``          a real ``suffixd serve`` subprocess (embedded gemma tokenizer, real LMDB)
+                    on a fresh data dir and Unix socket; yields a connected sync Client.
+                    The process handle is ``daemon.proc`` (a DaemonProcess).
+``daemon_factory``  start more daemons (other data dirs, TCP listeners, extra args);
+                    all are stopped at teardown.
+``shared_daemon``   one daemon for the whole test session (for tests that only read or use
+                    their own namespace); do not kill it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+class DaemonProcess:
+    """A `suffixd serve` subprocess and how to reach it."""
+
+    def __init__(self, data_dir: Path, args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 log_path: Path | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.args = list(args)
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.listen: list[str] = []
+
+    @property
+    def socket(self) -> str:
+        return next(t for t in self.listen if t.startswith("unix:"))
+
+    @property
+    def tcp(self) -> str:
+        return next(t for t in self.listen if not t.startswith("unix:"))
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "suffixd.cli.main", "serve", "--data-dir",
+                str(self.data_dir), *self.args]
+
+    def start(self, timeout: float = 90.0, expect_ready: bool = True) -> DaemonProcess:
+        announce = self.data_dir / "daemon.json"
+        with contextlib.suppress(FileNotFoundError):
+            announce.unlink()
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=self.env)
+        if not expect_ready:
+            return self
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"suffixd serve exited with {self.proc.returncode}:\n"
+                                   + self.log())
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+                info = json.loads(announce.read_text())
+                if info.get("pid") == self.proc.pid:
+                    self.listen = list(info["listen"])
+                    return self
+            time.sleep(0.05)
+        self.kill9()
+        raise TimeoutError("suffixd serve did not become ready:\n" + self.log())
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def client(self, target: str | None = None, **kwargs: Any) -> Any:
+        from suffixd.client import Client
+
+        c = Client(target or self.socket, **kwargs)
+        if "token" in kwargs or target is None or target.startswith("unix:"):
+            c.wait_ready()
+        return c
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM, and wait for a clean exit."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+        with contextlib.suppress(Exception):
+            self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[Any]:
+    started: list[DaemonProcess] = []
+
+    def start(data_dir: Path | None = None, args: Sequence[str] = (), expect_ready: bool = True,
+              **kw: Any) -> DaemonProcess:
+        d = DaemonProcess(data_dir or tmp_path / f"data{len(started)}", args, **kw)
+        started.append(d)
+        return d.start(expect_ready=expect_ready)
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+@pytest.fixture
+def daemon(daemon_factory: Any) -> Iterator[Any]:
+    proc = daemon_factory()
+    client = proc.client()
+    client.proc = proc
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def shared_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    proc = DaemonProcess(tmp_path_factory.mktemp("shared") / "data").start()
+    client = proc.client()
+    client.proc = proc
+    yield client
+    client.close()
+    proc.stop()
