@@ -201,7 +201,8 @@ class Store:
         self.path.mkdir(parents=True, exist_ok=True)
         self.env = lmdb.open(
             str(self.path),
-            map_size=map_size,
+            # Opening the named databases needs a few pages; below 1 MiB that can fail.
+            map_size=max(map_size, 1 << 20),
             max_dbs=8,
             sync=sync,
             metasync=sync,
