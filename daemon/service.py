@@ -80,6 +80,7 @@ def counters_pb(c: dict[str, Any]) -> pb.Counters:
         ],
         forward_passes_saved=c["forward_passes_saved"],
         generated_tokens=c["generated_tokens"],
+        speculate_calls=c["speculate_calls"],
     )
 
 

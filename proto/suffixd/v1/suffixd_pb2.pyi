@@ -281,7 +281,7 @@ class SourceCount(_message.Message):
     def __init__(self, source: _Optional[str] = ..., steps: _Optional[int] = ..., proposed: _Optional[int] = ..., accepted: _Optional[int] = ...) -> None: ...
 
 class Counters(_message.Message):
-    __slots__ = ("requests", "steps", "draft_tokens_proposed", "draft_tokens_accepted", "acceptance_rate", "mean_accepted_per_step", "by_source", "forward_passes_saved", "generated_tokens")
+    __slots__ = ("requests", "steps", "draft_tokens_proposed", "draft_tokens_accepted", "acceptance_rate", "mean_accepted_per_step", "by_source", "forward_passes_saved", "generated_tokens", "speculate_calls")
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_PROPOSED_FIELD_NUMBER: _ClassVar[int]
@@ -291,6 +291,7 @@ class Counters(_message.Message):
     BY_SOURCE_FIELD_NUMBER: _ClassVar[int]
     FORWARD_PASSES_SAVED_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPECULATE_CALLS_FIELD_NUMBER: _ClassVar[int]
     requests: int
     steps: int
     draft_tokens_proposed: int
@@ -300,7 +301,8 @@ class Counters(_message.Message):
     by_source: _containers.RepeatedCompositeFieldContainer[SourceCount]
     forward_passes_saved: int
     generated_tokens: int
-    def __init__(self, requests: _Optional[int] = ..., steps: _Optional[int] = ..., draft_tokens_proposed: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_per_step: _Optional[float] = ..., by_source: _Optional[_Iterable[_Union[SourceCount, _Mapping]]] = ..., forward_passes_saved: _Optional[int] = ..., generated_tokens: _Optional[int] = ...) -> None: ...
+    speculate_calls: int
+    def __init__(self, requests: _Optional[int] = ..., steps: _Optional[int] = ..., draft_tokens_proposed: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_per_step: _Optional[float] = ..., by_source: _Optional[_Iterable[_Union[SourceCount, _Mapping]]] = ..., forward_passes_saved: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., speculate_calls: _Optional[int] = ...) -> None: ...
 
 class TreeSize(_message.Message):
     __slots__ = ("sequences", "tokens", "nodes", "bytes", "evictions")
