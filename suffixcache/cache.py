@@ -145,7 +145,9 @@ class SuffixCache:
         ns = self.namespace(namespace)
         with ns.corpus_tree.lock:
             if seq_id in ns.corpus_tree.tree:
-                raise ValueError(f"corpus sequence {seq_id} already exists in namespace {namespace!r}")
+                raise ValueError(
+                    f"corpus sequence {seq_id} already exists in namespace {namespace!r}"
+                )
             ns.corpus_tree.tree.extend(seq_id, tokens)
 
     def remove_corpus(self, namespace: str, seq_id: int) -> bool:

@@ -32,17 +32,19 @@ from suffixcache.cache import SuffixCache
 from suffixcache.cost import CostProfile
 
 SOURCES = ("session", "global", "corpus")
+RATE_DECAY = 0.999  # the achieved rate averages over roughly the last thousand steps
+RATE_PRIOR = 20.0  # pseudo-steps at rate 1 before any feedback
 
 
 @dataclass(frozen=True)
 class DraftConfig:
-    max_tokens: int = 32           # hard cap on draft tokens per step
-    max_spec_factor: float = 1.0   # draft length <= factor * match_len + offset
+    max_tokens: int = 32  # hard cap on draft tokens per step
+    max_spec_factor: float = 1.0  # draft length <= factor * match_len + offset
     max_spec_offset: float = 0.0
-    min_token_prob: float = 0.05   # raw cumulative probability below which drafting stops
-    max_match: int = 32            # longest context suffix matched (leaves max_depth - max_match to draft)
-    use_tree: bool = False         # draft a tree of branches instead of one path
-    match_power: float = 1.0       # source weight grows as match_len ** match_power
+    min_token_prob: float = 0.05  # raw cumulative probability below which drafting stops
+    max_match: int = 32  # longest context suffix matched (leaves max_depth - max_match to draft)
+    use_tree: bool = False  # draft a tree of branches instead of one path
+    match_power: float = 1.0  # source weight grows as match_len ** match_power
     weights: Mapping[str, float] = field(
         default_factory=lambda: {"session": 1.0, "global": 1.0, "corpus": 0.5}
     )
@@ -62,12 +64,13 @@ class DraftConfig:
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int]
-    parents: list[int]      # index of the parent token; -1 = hangs off the end of the context
-    probs: list[float]      # estimated probability that the token is accepted (cumulative)
-    sources: list[str]      # per token: the source that contributed most
-    match_len: int          # longest matched context suffix over the sources
-    score: float            # expected accepted tokens (sum of probs)
-    raw_probs: list[float] = field(default_factory=list, repr=False)
+    parents: list[int]  # index of the parent token; -1 = hangs off the end of the context
+    probs: list[float]  # estimated probability that the token is accepted (cumulative)
+    sources: list[str]  # per token: the source that contributed most
+    match_len: int  # longest matched context suffix over the sources
+    score: float  # expected accepted tokens (sum of probs)
+    conds: list[float] = field(default_factory=list, repr=False)  # raw P(token | parent)
+    supports: list[int] = field(default_factory=list, repr=False)  # occurrences behind each token
 
     @property
     def source(self) -> str:
@@ -120,57 +123,75 @@ EMPTY_DRAFT = Draft([], [], [], [], 0, 0.0)
 
 
 class Calibrator:
-    """Online estimate of P(token accepted) from (raw probability, depth in the draft).
+    """Online estimate of P(token accepted | its parent was accepted).
 
-    Each bin keeps accepted / drafted counts starting from a conservative
-    prior; `observe` feeds the outcome of every verified draft back.
+    Features of a draft token: its raw conditional probability (its cumulative
+    probability over its parent's), how many occurrences support it, and its
+    depth in the draft. Each bin counts accepted / verified tokens, starting
+    from a prior centred on the raw probability. Only tokens whose parent was
+    accepted are evidence (the verifier never judged the others), so the
+    estimate stays unbiased however the drafts were truncated.
     """
 
-    PROB_BUCKETS = 10
-    DEPTH_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 1 << 30)
-    PRIOR_WEIGHT = 4.0
-    PRIOR_SCALE = 0.6  # before any evidence, trust raw probabilities only this much
+    COND_EDGES = (0.3, 0.6, 0.9, 0.99, 2.0)
+    SUPPORT_EDGES = (1, 2, 4, 8, 16, 1 << 30)
+    DEPTH_EDGES = (1, 3, 7, 1 << 30)
+    MATCH_EDGES = (2, 5, 10, 1 << 30)
+    PRIOR_WEIGHT = 2.0
 
     def __init__(self) -> None:
-        nd = len(self.DEPTH_EDGES)
-        self._hits = [[0.0] * nd for _ in range(self.PROB_BUCKETS)]
-        self._trials = [[0.0] * nd for _ in range(self.PROB_BUCKETS)]
-        self._depth_bucket = [self._bucket_of_depth(d) for d in range(1025)]
+        n = (
+            len(self.COND_EDGES)
+            * len(self.SUPPORT_EDGES)
+            * len(self.DEPTH_EDGES)
+            * len(self.MATCH_EDGES)
+        )
+        self._hits = [0.0] * n
+        self._trials = [0.0] * n
+        self._support_bucket = [_bucket(c, self.SUPPORT_EDGES) for c in range(65)]
+        self._depth_bucket = [_bucket(d, self.DEPTH_EDGES) for d in range(1025)]
+        self._match_bucket = [_bucket(m, self.MATCH_EDGES) for m in range(1025)]
         self._lock = threading.Lock()
 
-    def _bucket_of_depth(self, depth: int) -> int:
-        for i, edge in enumerate(self.DEPTH_EDGES):
-            if depth <= edge:
-                return i
-        return len(self.DEPTH_EDGES) - 1
+    def _bin(self, cond: float, support: int, depth: int, match_len: int) -> int:
+        cb = _bucket(cond, self.COND_EDGES)
+        sb = self._support_bucket[min(support, 64)]
+        db = self._depth_bucket[min(depth, 1024)]
+        mb = self._match_bucket[min(match_len, 1024)]
+        return ((cb * len(self.SUPPORT_EDGES) + sb) * len(self.DEPTH_EDGES) + db) * len(
+            self.MATCH_EDGES
+        ) + mb
 
-    def _prob_bucket(self, p: float) -> int:
-        return min(int(p * self.PROB_BUCKETS), self.PROB_BUCKETS - 1)
+    def estimate(self, cond: float, support: int, depth: int, match_len: int) -> float:
+        b = self._bin(cond, support, depth, match_len)
+        return (self._hits[b] + self.PRIOR_WEIGHT * cond) / (self._trials[b] + self.PRIOR_WEIGHT)
 
-    def estimate(self, raw: float, depth: int) -> float:
-        pb, db = self._prob_bucket(raw), self._depth_bucket[min(depth, 1024)]
-        prior = raw * self.PRIOR_SCALE
-        return (self._hits[pb][db] + self.PRIOR_WEIGHT * prior) / (
-            self._trials[pb][db] + self.PRIOR_WEIGHT
-        )
-
-    def observe(self, raw_probs: Sequence[float], depths: Sequence[int], accepted_depth: int) -> None:
-        with self._lock:
-            for raw, depth in zip(raw_probs, depths, strict=True):
-                pb, db = self._prob_bucket(raw), self._depth_bucket[min(depth, 1024)]
-                self._trials[pb][db] += 1.0
-                if depth <= accepted_depth:
-                    self._hits[pb][db] += 1.0
-
-    def observe_hits(
-        self, raw_probs: Sequence[float], depths: Sequence[int], hits: Sequence[bool]
+    def observe(
+        self,
+        conds: Sequence[float],
+        supports: Sequence[int],
+        depths: Sequence[int],
+        match_len: int,
+        parent_ok: Sequence[bool],
+        accepted: Sequence[bool],
     ) -> None:
         with self._lock:
-            for raw, depth, hit in zip(raw_probs, depths, hits, strict=True):
-                pb, db = self._prob_bucket(raw), self._depth_bucket[min(depth, 1024)]
-                self._trials[pb][db] += 1.0
-                if hit:
-                    self._hits[pb][db] += 1.0
+            for cond, sup, depth, judged, ok in zip(
+                conds, supports, depths, parent_ok, accepted, strict=True
+            ):
+                if not judged:
+                    continue
+                b = self._bin(cond, sup, depth, match_len)
+                self._trials[b] += 1.0
+                if ok:
+                    self._hits[b] += 1.0
+
+
+def _bucket(value: float, edges: Sequence[float]) -> int:
+    for i, edge in enumerate(edges):
+        if value <= edge:
+            return i
+    return len(edges) - 1
 
 
 class Drafter:
@@ -186,10 +207,22 @@ class Drafter:
         self.config = config or DraftConfig()
         self.calibrator = Calibrator()
         self.set_cost_profile(cost_profile or CostProfile.cpu_default())
+        # tokens per unit of verification cost achieved so far (plain decoding: 1)
+        self._rate_tokens = RATE_PRIOR
+        self._rate_cost = RATE_PRIOR
+        self._rate_lock = threading.Lock()
 
     def set_cost_profile(self, profile: CostProfile) -> None:
         self.cost_profile = profile
         self._cost = profile.table(max(self.config.max_tokens, 1) + 1)
+
+    def _cost_of(self, k: int) -> float:
+        return self._cost[k] if k < len(self._cost) else self.cost_profile.cost(k)
+
+    @property
+    def achieved_rate(self) -> float:
+        """Recent tokens per unit of verification cost (the speed-up over plain decoding)."""
+        return self._rate_tokens / self._rate_cost
 
     def propose(
         self,
@@ -226,14 +259,19 @@ class Drafter:
             return Draft([], [], [], [], max(raw["match_lens"], default=0), 0.0)
         parents: list[int] = raw["parents"]
         raw_probs: list[float] = raw["probs"]
+        supports: list[int] = raw["counts"]
         depths = _depths(parents)
+        conds = [
+            p / raw_probs[parent] if parent >= 0 and raw_probs[parent] > 0 else p
+            for p, parent in zip(raw_probs, parents, strict=True)
+        ]
         if cfg.calibrate:
             est = self.calibrator.estimate
-            probs = [est(p, d) for p, d in zip(raw_probs, depths, strict=True)]
-            # acceptance of a token implies acceptance of its parent
-            for i, parent in enumerate(parents):
-                if parent >= 0 and probs[i] > probs[parent]:
-                    probs[i] = probs[parent]
+            match_len = max(raw["match_lens"])
+            probs = []
+            for c, sup, d, parent in zip(conds, supports, depths, parents, strict=True):
+                r = est(c, sup, d, match_len)
+                probs.append(r if parent < 0 else r * probs[parent])
         else:
             probs = list(raw_probs)
         keep = self._best_prefix(probs) if cfg.cost_aware else len(tokens)
@@ -245,16 +283,25 @@ class Drafter:
             src,
             max(raw["match_lens"]),
             sum(probs[:keep]),
-            raw_probs[:keep],
+            conds[:keep],
+            supports[:keep],
         )
 
     def _best_prefix(self, probs: Sequence[float]) -> int:
-        """Prefix length maximising (1 + expected accepted) / cost(prefix + 1)."""
+        """Prefix length maximising expected tokens - rate * cost(prefix + 1).
+
+        Maximising each step's own tokens/cost ratio is not what maximises the
+        run's overall tokens/cost: a draft whose ratio beats plain decoding but
+        falls short of the rate the drafter already achieves still drags the
+        total down (Dinkelbach's argument). `rate` is that achieved rate,
+        tracked from the drafter's own feedback.
+        """
         cost = self._cost
-        best_k, best_value, expected = 0, 1.0 / cost[1], 1.0
+        rate = self._rate_tokens / self._rate_cost
+        best_k, best_value, expected = 0, 1.0 - rate * cost[1], 1.0
         for k, p in enumerate(probs, start=1):
             expected += p
-            value = expected / cost[k + 1]
+            value = expected - rate * cost[k + 1]
             if value > best_value:
                 best_k, best_value = k, value
         return best_k
@@ -267,14 +314,21 @@ class Drafter:
         For a tree draft pass the accepted tokens too, so that only the nodes on
         the accepted branch count as hits.
         """
+        with self._rate_lock:
+            # exponentially forgotten sums: the rate follows the workload
+            self._rate_tokens = self._rate_tokens * RATE_DECAY + accepted + 1
+            self._rate_cost = self._rate_cost * RATE_DECAY + self._cost_of(len(draft.tokens) + 1)
         if not draft.tokens or not self.config.calibrate:
             return
         depths = _depths(draft.parents)
         if draft.is_path():
-            self.calibrator.observe(draft.raw_probs, depths, accepted)
-            return
-        on_path = _on_path(draft, accepted_tokens or [])
-        self.calibrator.observe_hits(draft.raw_probs, depths, on_path)
+            hit = [i < accepted for i in range(len(draft.tokens))]
+        else:
+            hit = _on_path(draft, accepted_tokens or [])
+        parent_ok = [p < 0 or hit[p] for p in draft.parents]
+        self.calibrator.observe(
+            draft.conds, draft.supports, depths, draft.match_len, parent_ok, hit
+        )
 
 
 def _on_path(draft: Draft, truth: Sequence[int]) -> list[bool]:

@@ -234,8 +234,9 @@ class Store:
                     f"{self.path}: store schema {_load(raw)} is not supported "
                     f"(this version reads schema {SCHEMA_VERSION})"
                 )
-        self._writer = threading.Thread(target=self._run_writer, name="suffixd-lmdb-writer",
-                                        daemon=True)
+        self._writer = threading.Thread(
+            target=self._run_writer, name="suffixd-lmdb-writer", daemon=True
+        )
         self._writer.start()
 
     # -- lifecycle -------------------------------------------------------

@@ -71,6 +71,7 @@ py::dict draft_to_dict(Draft&& d) {
     out["parents"] = py::cast(d.parents);
     out["probs"] = py::cast(d.probs);
     out["sources"] = py::cast(d.sources);
+    out["counts"] = py::cast(d.counts);
     out["match_lens"] = py::cast(d.match_lens);
     out["score"] = d.score;
     return out;

@@ -610,12 +610,14 @@ Draft speculate_multi(const std::vector<SuffixTree*>& trees, const std::vector<d
         DraftNode dn{c.parent, from.depth + 1, std::vector<SourceState>(ns)};
         double top = -1.0;
         int32_t top_src = 0;
+        int32_t support = 0;
         for (size_t s = 0; s < ns; ++s) {
             if (from.states[s].prob <= 0.0) continue;
             SuffixTree::Cursor nc;
             double cond;
             if (step(trees[s], from.states[s], c.token, &nc, &cond)) {
                 dn.states[s] = SourceState{nc, from.states[s].prob * cond};
+                support = std::max(support, trees[s]->node(nc.node).count);
                 double contrib = prior[s] * dn.states[s].prob;
                 if (contrib > top) {
                     top = contrib;
@@ -628,6 +630,7 @@ Draft speculate_multi(const std::vector<SuffixTree*>& trees, const std::vector<d
         draft.parents.push_back(c.parent);
         draft.probs.push_back(c.prob);
         draft.sources.push_back(top_src);
+        draft.counts.push_back(support);
         draft.score += c.prob;
     };
 

@@ -97,6 +97,7 @@ struct Draft {
     std::vector<int32_t> parents;  // index into tokens; -1 = hangs off the context
     std::vector<double> probs;     // cumulative probability along the token's path
     std::vector<int32_t> sources;  // index of the source that contributed most
+    std::vector<int32_t> counts;   // occurrences supporting the token (max over sources)
     std::vector<int32_t> match_lens;  // per source: matched suffix length
     double score = 0.0;            // sum of probs: expected accepted tokens
 };
