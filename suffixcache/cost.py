@@ -37,6 +37,8 @@ class CostProfile:
             pts = sorted((int(k), float(v)) for k, v in mapping.items())
         except (TypeError, ValueError) as exc:
             raise ValueError(f"cost profile must map batch sizes to numbers: {exc}") from None
+        if any(not (v > 0.0) for _, v in pts):
+            raise ValueError("cost profile values must be > 0")
         if pts and pts[0][0] != 1:
             pts.insert(0, (1, 1.0))
         base = pts[0][1] if pts else 1.0
