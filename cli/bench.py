@@ -129,7 +129,7 @@ FIGURE_ORDER = [
 @click.option(
     "--cost-profile",
     default=None,
-    help='Verifier cost of a k-token batch relative to 1, as JSON or a JSON file: {"1": 1.0, "8": 2.53}.',
+    help='Cost of verifying k tokens relative to 1: JSON or a JSON file, {"1": 1, "8": 2.53}.',
 )
 @click.option(
     "--max-spec",

@@ -104,7 +104,7 @@ class SuffixCache:
     # ------------------------------------------------------------ global tree
 
     def add_response(self, namespace: str, seq_id: int, tokens: Sequence[int]) -> list[int]:
-        """Adds a finished response; returns the ids evicted (oldest first) to respect the budget."""
+        """Adds a finished response; returns the ids it evicted (oldest first) for the budget."""
         ns = self.namespace(namespace)
         n = len(tokens)
         with ns.global_tree.lock:

@@ -62,7 +62,9 @@ class RefTree:
 
     def ends_with(self, seq_id: int, tail: Sequence[int]) -> bool:
         seq = self.seqs.get(seq_id)
-        return seq is not None and len(seq) >= len(tail) and seq[len(seq) - len(tail) :] == list(tail)
+        return (
+            seq is not None and len(seq) >= len(tail) and seq[len(seq) - len(tail) :] == list(tail)
+        )
 
 
 def _best(children: dict[int, int]) -> int | None:
@@ -86,7 +88,12 @@ def ref_speculate_multi(
 ) -> dict[str, object]:
     ns = len(trees)
     out: dict[str, object] = {
-        "tokens": [], "parents": [], "probs": [], "sources": [], "match_lens": [0] * ns, "score": 0.0,
+        "tokens": [],
+        "parents": [],
+        "probs": [],
+        "sources": [],
+        "match_lens": [0] * ns,
+        "score": 0.0,
     }
     if ns == 0 or max_tokens <= 0 or not context:
         return out
@@ -100,7 +107,9 @@ def ref_speculate_multi(
     for s, tree in enumerate(trees):
         mm = max_match if max_match > 0 else tree.max_depth - 1
         window = min(n, mm)
-        discount = 1 if tail_seqs[s] >= 0 and tree.ends_with(tail_seqs[s], context[n - window :]) else 0
+        discount = (
+            1 if tail_seqs[s] >= 0 and tree.ends_with(tail_seqs[s], context[n - window :]) else 0
+        )
         m = 0
         for start in range(n - window, n):
             w = tuple(context[start:])
@@ -118,7 +127,9 @@ def ref_speculate_multi(
         return out
     import math
 
-    max_len = int(min(max_tokens, math.floor(max_spec_factor * best_match + max_spec_offset + 1e-9)))
+    max_len = int(
+        min(max_tokens, math.floor(max_spec_factor * best_match + max_spec_offset + 1e-9))
+    )
     if max_len <= 0:
         return out
 

@@ -24,13 +24,18 @@ def test_replay_protocol_counts_steps_and_costs() -> None:
     # A response that repeats the prompt exactly is drafted from the session tree.
     prompt = list(range(10, 40))
     session = Session("s", [_msg("user", prompt), _msg("assistant", prompt)])
-    res = replay([session], SuffixSource(CostProfile.flat(), DraftConfig(calibrate=False)),
-                 CostProfile.flat())
+    res = replay(
+        [session],
+        SuffixSource(CostProfile.flat(), DraftConfig(calibrate=False)),
+        CostProfile.flat(),
+    )
     fig = res.figures()
     assert fig["out_tokens"] == 30
     assert fig["steps"] < 30
     assert fig["tokens_per_step"] == pytest.approx(30 / fig["steps"])
-    assert fig["cpu_model_speedup"] == pytest.approx(fig["tokens_per_step"])  # flat: cost 1 per step
+    assert fig["cpu_model_speedup"] == pytest.approx(
+        fig["tokens_per_step"]
+    )  # flat: cost 1 per step
 
 
 def test_replay_without_reuse_is_plain_decoding() -> None:
@@ -45,14 +50,35 @@ def test_bench_replay_cli_json_side_by_side(tmp_path: Path) -> None:
     small = tmp_path / "spider3.jsonl"
     small.write_text("".join(SPIDER.read_text(encoding="utf-8").splitlines(keepends=True)[:3]))
     out = subprocess.run(
-        [sys.executable, "-m", "suffixd.cli.main", "bench", "replay", str(small),
-         "--source", "suffixd", "--source", "pld", "--json"],
-        capture_output=True, text=True, timeout=300, check=True,
+        [
+            sys.executable,
+            "-m",
+            "suffixd.cli.main",
+            "bench",
+            "replay",
+            str(small),
+            "--source",
+            "suffixd",
+            "--source",
+            "pld",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     data = json.loads(out.stdout)
     suffixd, pld = data["sources"]["suffixd"], data["sources"]["pld"]
-    for fig in ("tokens_per_step", "cpu_model_speedup", "accept_rate", "spec_us_per_call",
-                "update_us_per_token", "out_tokens", "steps"):
+    for fig in (
+        "tokens_per_step",
+        "cpu_model_speedup",
+        "accept_rate",
+        "spec_us_per_call",
+        "update_us_per_token",
+        "out_tokens",
+        "steps",
+    ):
         assert fig in suffixd and fig in pld
     assert suffixd["out_tokens"] == pld["out_tokens"] > 0
     # suffix drafts beat prompt lookup on this workload in cost-aware speed-up
@@ -65,14 +91,26 @@ def test_bench_replay_rejects_bad_input(tmp_path: Path) -> None:
     bad.write_text("{not json}\n")
     out = subprocess.run(
         [sys.executable, "-m", "suffixd.cli.main", "bench", "replay", str(bad)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode != 0
     assert "not a workload session" in out.stderr
     assert "Traceback" not in out.stderr
     out = subprocess.run(
-        [sys.executable, "-m", "suffixd.cli.main", "bench", "replay", str(bad),
-         "--cost-profile", "{oops"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "suffixd.cli.main",
+            "bench",
+            "replay",
+            str(bad),
+            "--cost-profile",
+            "{oops",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode != 0 and "Traceback" not in out.stderr

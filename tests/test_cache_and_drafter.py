@@ -80,7 +80,9 @@ def _long_confident_cache() -> SuffixCache:
 def test_cost_profile_decides_length() -> None:
     cache = _long_confident_cache()
     ctx = list(range(100, 120))
-    flat = Drafter(cache, DraftConfig(max_spec_offset=32), CostProfile.flat()).propose("ns", None, ctx)
+    flat = Drafter(cache, DraftConfig(max_spec_offset=32), CostProfile.flat()).propose(
+        "ns", None, ctx
+    )
     steep = CostProfile.from_mapping({"1": 1.0, "2": 3.0, "32": 90.0})
     cpu = Drafter(cache, DraftConfig(max_spec_offset=32), steep).propose("ns", None, ctx)
     assert len(flat) == 20  # everything the tree offers
@@ -126,8 +128,13 @@ def test_tree_drafts_respect_the_budget() -> None:
     cache = SuffixCache(max_depth=16)
     for i in range(4):
         cache.add_response("ns", i, [1, 2, 10 + i, 20 + i, 30 + i])
-    drafter = Drafter(cache, DraftConfig(use_tree=True, calibrate=False, cost_aware=False,
-                                         min_token_prob=0.0, max_spec_offset=8), CostProfile.flat())
+    drafter = Drafter(
+        cache,
+        DraftConfig(
+            use_tree=True, calibrate=False, cost_aware=False, min_token_prob=0.0, max_spec_offset=8
+        ),
+        CostProfile.flat(),
+    )
     draft = drafter.propose("ns", None, [1, 2], max_tokens=6)
     assert len(draft) == 6
     assert not draft.is_path()

@@ -74,7 +74,9 @@ def test_single_tree_matches_reference(depth: int, ops: list, params: dict) -> N
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     depth=st.integers(2, 7),
-    contents=st.lists(st.lists(st.tuples(st.integers(0, 2), TOKENS), max_size=4), min_size=3, max_size=3),
+    contents=st.lists(
+        st.lists(st.tuples(st.integers(0, 2), TOKENS), max_size=4), min_size=3, max_size=3
+    ),
     context=st.lists(ALPHABET, min_size=1, max_size=10),
     weights=st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0]), min_size=3, max_size=3),
     session_holds_context=st.booleans(),
@@ -82,8 +84,13 @@ def test_single_tree_matches_reference(depth: int, ops: list, params: dict) -> N
     params=SPEC_PARAMS,
 )
 def test_mixture_matches_reference(
-    depth: int, contents: list, context: list[int], weights: list[float],
-    session_holds_context: bool, match_power: float, params: dict,
+    depth: int,
+    contents: list,
+    context: list[int],
+    weights: list[float],
+    session_holds_context: bool,
+    match_power: float,
+    params: dict,
 ) -> None:
     trees = [SuffixTree(depth) for _ in range(3)]
     refs = [RefTree(depth) for _ in range(3)]
