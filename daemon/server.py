@@ -47,6 +47,7 @@ log = logging.getLogger("suffixd.server")
 EXTRA_SERVICES: list[str] = [
     # "suffixd.daemon.verifier:register",
     # "suffixd.daemon.corpus_service:register",
+    "suffixd.daemon.corpus_service:register",
 ]
 # ---------------------------------------------------------------------------------------
 
