@@ -13,15 +13,21 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-
 from suffixd.cli.warm import warm
 from suffixd.daemon.corpus import content_hash
 from suffixd.v1 import corpus_pb2, corpus_pb2_grpc
 
 SQL_A = "SELECT zorblax_quux_total , wibble_name FROM frobnicator_table WHERE wibble_id = 4242 ;"
-SQL_B = "SELECT count ( * ) FROM gloopdorf_orders AS T1 JOIN snarfle_items AS T2 ON T1.zid = T2.zid ;"
-MD_TEXT = "# Runbook\n\nRestart the plonkwhistle service with `systemctl restart plonkwhistle-agent`."
-TURN = "THOUGHT: I will grep for the quibblefrost helper.\n\n```bash\ngrep -rn quibblefrost_helper django/\n```"
+SQL_B = (
+    "SELECT count ( * ) FROM gloopdorf_orders AS T1 JOIN snarfle_items AS T2 ON T1.zid = T2.zid ;"
+)
+MD_TEXT = (
+    "# Runbook\n\nRestart the plonkwhistle service with `systemctl restart plonkwhistle-agent`."
+)
+TURN = (
+    "THOUGHT: I will grep for the quibblefrost helper.\n\n"
+    "```bash\ngrep -rn quibblefrost_helper django/\n```"
+)
 
 
 def run_warm(daemon: Any, *args: str) -> dict[str, Any]:
