@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,13 +229,23 @@ class SuffixCache:
             named.append(("session", session))
         named.append(("global", ns.global_tree))
         named.append(("corpus", ns.corpus_tree))
-        with ExitStack() as stack:
-            out: list[tuple[str, SuffixTree, int]] = []
-            for name, locked in named:
-                stack.enter_context(locked.lock)
-                if locked.tree.num_tokens > 0:
-                    out.append((name, locked.tree, SESSION_SEQ if name == "session" else -1))
-            yield out
+        locks = [locked.lock for _, locked in named]
+        for i, lock in enumerate(locks):
+            try:
+                lock.acquire()
+            except BaseException:
+                for held in locks[:i]:
+                    held.release()
+                raise
+        try:
+            yield [
+                (name, locked.tree, SESSION_SEQ if name == "session" else -1)
+                for name, locked in named
+                if locked.tree.num_tokens > 0
+            ]
+        finally:
+            for lock in locks:
+                lock.release()
 
     # ------------------------------------------------------------ figures
 

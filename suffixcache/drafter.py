@@ -148,23 +148,47 @@ class Calibrator:
         )
         self._hits = [0.0] * n
         self._trials = [0.0] * n
-        self._support_bucket = [_bucket(c, self.SUPPORT_EDGES) for c in range(65)]
-        self._depth_bucket = [_bucket(d, self.DEPTH_EDGES) for d in range(1025)]
-        self._match_bucket = [_bucket(m, self.MATCH_EDGES) for m in range(1025)]
+        # Lookup tables instead of searches: this runs for every draft token.
+        ns, nd, nm = len(self.SUPPORT_EDGES), len(self.DEPTH_EDGES), len(self.MATCH_EDGES)
+        self._cond_base = [
+            _bucket(i / 1000, self.COND_EDGES) * ns * nd * nm for i in range(1001)
+        ]
+        self._support_off = [_bucket(c, self.SUPPORT_EDGES) * nd * nm for c in range(65)]
+        self._depth_off = [_bucket(d, self.DEPTH_EDGES) * nm for d in range(1025)]
+        self._match_off = [_bucket(m, self.MATCH_EDGES) for m in range(1025)]
         self._lock = threading.Lock()
 
     def _bin(self, cond: float, support: int, depth: int, match_len: int) -> int:
-        cb = _bucket(cond, self.COND_EDGES)
-        sb = self._support_bucket[min(support, 64)]
-        db = self._depth_bucket[min(depth, 1024)]
-        mb = self._match_bucket[min(match_len, 1024)]
-        return ((cb * len(self.SUPPORT_EDGES) + sb) * len(self.DEPTH_EDGES) + db) * len(
-            self.MATCH_EDGES
-        ) + mb
+        return (
+            self._cond_base[int(cond * 1000)]
+            + self._support_off[support if support < 64 else 64]
+            + self._depth_off[depth if depth < 1024 else 1024]
+            + self._match_off[match_len if match_len < 1024 else 1024]
+        )
 
     def estimate(self, cond: float, support: int, depth: int, match_len: int) -> float:
         b = self._bin(cond, support, depth, match_len)
         return (self._hits[b] + self.PRIOR_WEIGHT * cond) / (self._trials[b] + self.PRIOR_WEIGHT)
+
+    def path_estimates(
+        self, conds: Sequence[float], supports: Sequence[int], parents: Sequence[int],
+        depths: Sequence[int], match_len: int,
+    ) -> list[float]:
+        """Cumulative acceptance estimates of a draft's tokens (a token needs its parent)."""
+        cond_base, support_off, depth_off = self._cond_base, self._support_off, self._depth_off
+        hits, trials, w = self._hits, self._trials, self.PRIOR_WEIGHT
+        m_off = self._match_off[match_len if match_len < 1024 else 1024]
+        out: list[float] = []
+        for c, sup, parent, d in zip(conds, supports, parents, depths, strict=True):
+            b = (
+                cond_base[int(c * 1000)]
+                + support_off[sup if sup < 64 else 64]
+                + depth_off[d if d < 1024 else 1024]
+                + m_off
+            )
+            r = (hits[b] + w * c) / (trials[b] + w)
+            out.append(r if parent < 0 else r * out[parent])
+        return out
 
     def observe(
         self,
@@ -266,12 +290,9 @@ class Drafter:
             for p, parent in zip(raw_probs, parents, strict=True)
         ]
         if cfg.calibrate:
-            est = self.calibrator.estimate
-            match_len = max(raw["match_lens"])
-            probs = []
-            for c, sup, d, parent in zip(conds, supports, depths, parents, strict=True):
-                r = est(c, sup, d, match_len)
-                probs.append(r if parent < 0 else r * probs[parent])
+            probs = self.calibrator.path_estimates(
+                conds, supports, parents, depths, max(raw["match_lens"])
+            )
         else:
             probs = list(raw_probs)
         keep = self._best_prefix(probs) if cfg.cost_aware else len(tokens)
