@@ -1,0 +1,255 @@
+"""``suffixd stats``: is the cache working? Hit rates, acceptance, savings, sizes.
+
+Reads the daemon's Stats RPC (counters persisted in LMDB, so they survive a
+restart) and derives what an operator asks first: how often a step had a draft
+and from which source (the *hit rate*), how much of it was accepted, how many
+target forward passes that saved, and what speed-up that means for a verifier
+with a given cost profile.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import click
+import grpc
+from suffixd.cli.warm import connect, connection_options, describe_error
+from suffixd.client.errors import SuffixdError
+
+SOURCES = ("session", "global", "corpus", "draft_model", "none")
+
+
+def _cost(profile: Any, k: float) -> float:
+    # Linear between the integer points: mean draft lengths are fractional.
+    lo = int(k)
+    frac = k - lo
+    c_lo = profile.cost(lo) if lo > 0 else 0.0
+    return c_lo + (profile.cost(lo + 1) - c_lo) * frac if frac else c_lo
+
+
+def summarize_counters(c: Mapping[str, Any], profile: Any = None) -> dict[str, Any]:
+    """Figures derived from a Counters message (as a dict)."""
+    steps = int(c.get("steps", 0))
+    proposed = int(c.get("draft_tokens_proposed", 0))
+    accepted = int(c.get("draft_tokens_accepted", 0))
+    by_source = {
+        s["source"]: {"steps": int(s["steps"]), "proposed": int(s["proposed"]),
+                      "accepted": int(s["accepted"])}
+        for s in c.get("by_source", [])
+    }
+    hit_rate = {src: (by_source.get(src, {}).get("steps", 0) / steps if steps else 0.0)
+                for src in SOURCES}
+    hit_rate["any"] = (
+        sum(v["steps"] for k, v in by_source.items() if k != "none") / steps if steps else 0.0
+    )
+    out: dict[str, Any] = {
+        "requests": int(c.get("requests", 0)),
+        "steps": steps,
+        "draft_tokens_proposed": proposed,
+        "draft_tokens_accepted": accepted,
+        "acceptance_rate": accepted / proposed if proposed else 0.0,
+        "mean_accepted_per_step": accepted / steps if steps else 0.0,
+        "mean_proposed_per_step": proposed / steps if steps else 0.0,
+        "hit_rate": hit_rate,
+        "by_source": by_source,
+        "forward_passes_saved": int(c.get("forward_passes_saved", accepted)),
+        "generated_tokens": int(c.get("generated_tokens", 0)),
+        "speculate_calls": int(c.get("speculate_calls", 0)),
+    }
+    # Each verified step yields its accepted tokens plus the verifier's own (bonus) token.
+    tps = (accepted + steps) / steps if steps else 1.0
+    out["tokens_per_step"] = tps
+    speedup: dict[str, float] = {"flat": tps}
+    if profile is not None and steps:
+        # Estimate: one verification of (mean draft + 1) tokens per step; exact per-step
+        # costs are not recorded, and cost(k) is close to linear between its points.
+        speedup["cpu_default"] = tps / _cost(profile, proposed / steps + 1)
+    out["estimated_speedup"] = speedup
+    return out
+
+
+def summarize(
+    resp: Mapping[str, Any], corpus_files: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """The whole report, from ``Client.stats()`` output."""
+    try:
+        from suffixcache.cost import CostProfile
+
+        profile: Any = CostProfile.cpu_default()
+    except Exception:  # the figures without a cost model are still useful
+        profile = None
+    namespaces = []
+    for ns in resp.get("namespaces", []):
+        cache = {k: ns.get(k) or {} for k in ("global", "corpus", "sessions")}
+        entry = {"namespace": ns["namespace"], **summarize_counters(ns.get("counters") or {},
+                                                                    profile)}
+        entry["cache"] = {k: {f: int(v.get(f, 0)) for f in
+                              ("sequences", "tokens", "nodes", "bytes", "evictions")}
+                          for k, v in cache.items()}
+        entry["evictions"] = int(cache["global"].get("evictions", 0))
+        entry["open_sessions"] = int(ns.get("open_sessions", 0))
+        if corpus_files is not None:
+            entry["corpus_files"] = int(corpus_files.get(ns["namespace"], 0))
+        entry["top_documents"] = [
+            {"path": d["doc_key"], "accepted": int(d["accepted"])}
+            for d in ns.get("top_documents", [])
+        ]
+        sessions = ns.get("session_stats") or []
+        if sessions:
+            entry["sessions"] = [
+                {"session_id": s["session_id"], "tokens": int(s.get("tokens", 0)),
+                 **summarize_counters(s.get("counters") or {}, profile)}
+                for s in sessions
+            ]
+        namespaces.append(entry)
+    return {"time": time.time(), "namespaces": namespaces}
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:5.1f}%"
+
+
+def _counter_lines(e: Mapping[str, Any], indent: str = "  ") -> list[str]:
+    hr = e["hit_rate"]
+    su = e["estimated_speedup"]
+    lines = [
+        f"{indent}requests {e['requests']:,}   steps {e['steps']:,}   "
+        f"generated tokens {e['generated_tokens']:,}",
+        f"{indent}draft tokens proposed {e['draft_tokens_proposed']:,}   accepted "
+        f"{e['draft_tokens_accepted']:,}   acceptance {_pct(e['acceptance_rate']).strip()}   "
+        f"mean accepted/step {e['mean_accepted_per_step']:.2f}",
+        f"{indent}hit rate {_pct(hr['any']).strip()}:  "
+        + "  ".join(f"{src.replace('_', ' ')} {_pct(hr[src]).strip()}" for src in SOURCES),
+        f"{indent}forward passes saved {e['forward_passes_saved']:,}   tokens/step "
+        f"{e['tokens_per_step']:.2f}   est. speed-up "
+        + (f"{su['cpu_default']:.2f}x (CPU cost profile), " if "cpu_default" in su else "")
+        + f"{su['flat']:.2f}x (flat cost)",
+    ]
+    return lines
+
+
+def render_table(report: Mapping[str, Any]) -> str:
+    out: list[str] = []
+    if not report["namespaces"]:
+        return "no namespaces yet (nothing ingested, no requests)"
+    for e in report["namespaces"]:
+        files = f", {e['corpus_files']} corpus files" if "corpus_files" in e else ""
+        out.append(f"namespace {e['namespace']}  ({e['open_sessions']} open sessions{files})")
+        out.extend(_counter_lines(e))
+        out.append(f"  {'tree':<10}{'sequences':>11}{'tokens':>13}{'nodes':>13}"
+                   f"{'memory':>12}{'evictions':>11}")
+        for name, t in e["cache"].items():
+            out.append(f"  {name:<10}{t['sequences']:>11,}{t['tokens']:>13,}{t['nodes']:>13,}"
+                       f"{_human_bytes(t['bytes']):>12}{t['evictions']:>11,}")
+        if e["top_documents"]:
+            out.append("  top corpus files by accepted tokens:")
+            for d in e["top_documents"]:
+                out.append(f"    {d['accepted']:>10,}  {d['path']}")
+        for s in e.get("sessions", []):
+            out.append(f"  session {s['session_id']}  ({s['tokens']:,} tokens)")
+            out.extend(_counter_lines(s, indent="    "))
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _corpus_file_counts(client: Any, names: list[str]) -> dict[str, int] | None:
+    from suffixd.v1 import corpus_pb2, corpus_pb2_grpc
+
+    stub = client.stub_for(corpus_pb2_grpc.CorpusStub)
+    counts = {}
+    for ns in names:
+        try:
+            resp = client.call(stub.ListFiles, corpus_pb2.ListFilesRequest(namespace=ns))
+        except SuffixdError as exc:
+            if exc.code == grpc.StatusCode.UNIMPLEMENTED:  # a daemon without the service
+                return None
+            raise
+        counts[ns] = sum(1 for f in resp.files if f.complete)
+    return counts
+
+
+def collect(client: Any, namespace: str | None, session_id: str | None, top: int,
+            all_sessions: bool) -> dict[str, Any]:
+    resp = client.stats(namespace, session_id, include_sessions=all_sessions,
+                        top_documents=top)
+    names = [ns["namespace"] for ns in resp.get("namespaces", [])]
+    return summarize(resp, _corpus_file_counts(client, names))
+
+
+@click.command("stats")
+@click.option("--namespace", "-n", default=None, help="Only this namespace (default: all).")
+@click.option("--session", "session_id", default=None, help="Also this session's counters.")
+@click.option("--sessions", "all_sessions", is_flag=True, help="Also every open session's.")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(1, 1000),
+              help="Corpus files listed by accepted tokens.")
+@click.option("--watch", is_flag=True, help="Refresh until interrupted.")
+@click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(0.1, 3600),
+              help="Seconds between refreshes (--watch).")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON for machines (one object per refresh with --watch).")
+@connection_options
+def stats(
+    namespace: str | None,
+    session_id: str | None,
+    all_sessions: bool,
+    top: int,
+    watch: bool,
+    interval: float,
+    as_json: bool,
+    address: str | None,
+    socket_path: str | None,
+    data_dir: str | None,
+    auth_token: str | None,
+) -> None:
+    """Cache hit rates, acceptance, forward passes saved and cache sizes.
+
+    \b
+    hit rate: the share of verified steps that had a draft, per source
+    (session, global, corpus, draft model; "none": no draft).
+    est. speed-up: tokens per step divided by the cost of verifying the mean
+    draft (+1) on the default CPU cost profile; "flat" assumes a verifier whose
+    cost does not grow with the batch (a GPU).
+    """
+    if session_id and not namespace:
+        raise click.UsageError("--session needs --namespace")
+    client = connect(address, socket_path, data_dir, auth_token)
+    tty = sys.stdout.isatty()
+    try:
+        while True:
+            report = collect(client, namespace, session_id, top, all_sessions)
+            if as_json:
+                click.echo(json.dumps(report))
+            else:
+                text = render_table(report)
+                if watch and tty:
+                    # Home + clear: redraw in place instead of scrolling.
+                    click.echo("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S  ") +
+                               f"every {interval:g}s, Ctrl-C to stop\n\n" + text, nl=False)
+                else:
+                    click.echo(text, nl=False)
+            if not watch:
+                return
+            sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return
+    except (grpc.RpcError, SuffixdError) as exc:
+        raise click.ClickException(describe_error(exc, client.target)) from None
+    finally:
+        client.close()
