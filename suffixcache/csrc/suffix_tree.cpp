@@ -217,6 +217,26 @@ void SuffixTree::append_token(int32_t slot, Token token) {
             grown.len += 1;
             grown.depth += 1;
             result = a;
+        } else if (a != kRoot && an.first_child != kNoNode && nodes_[an.first_child].next_sibling == kNoNode &&
+                   nodes_[an.first_child].token == token && nodes_[an.first_child].len > 1 &&
+                   an.count == nodes_[an.first_child].count + 1) {
+            // Our occurrence is the only one ending at a (count = child's + 1) and it
+            // continues into a's only child: move a's end one token down that edge
+            // instead of splitting it, which would leave a chain of one-token nodes
+            // with equal counts behind every shared stretch.
+            NodeId c = an.first_child;
+            Node& cn = nodes_[c];
+            const int32_t slot_c = cn.ref_seq;
+            const int32_t new_end = cn.ref_end - cn.len + 1;
+            children_.erase(a, cn.token);
+            cn.len -= 1;
+            cn.token = slots_[slot_c].tokens[new_end];
+            children_.insert(a, cn.token, c);
+            set_ref(a, slot_c, new_end);
+            Node& grown = nodes_[a];
+            grown.len += 1;
+            grown.depth += 1;
+            result = a;
         } else {
             NodeId c = children_.find(a, token);
             if (c == kNoNode) {
