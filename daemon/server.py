@@ -48,6 +48,7 @@ EXTRA_SERVICES: list[str] = [
     # "suffixd.daemon.verifier:register",
     # "suffixd.daemon.corpus_service:register",
     "suffixd.daemon.corpus_service:register",
+    "suffixd.daemon.metrics:register",
 ]
 # ---------------------------------------------------------------------------------------
 
