@@ -33,6 +33,8 @@ import click
               help="Seconds after which an untouched session is closed (0: never).")
 @click.option("--max-tokens-per-call", type=int, default=1 << 20, show_default=True)
 @click.option("--max-message-bytes", type=int, default=16 << 20, show_default=True)
+@click.option("--metrics-addr", default=None, metavar="HOST:PORT",
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9464).")
 @click.option("--log-json", is_flag=True, help="One JSON object per log line.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
@@ -52,6 +54,7 @@ def serve(
     session_idle_timeout: float,
     max_tokens_per_call: int,
     max_message_bytes: int,
+    metrics_addr: str | None,
     log_json: bool,
     log_level: str,
     no_sync: bool,
@@ -80,6 +83,7 @@ def serve(
         ),
         cache=CacheConfig(global_budget_tokens=global_budget_tokens),
         sync=not no_sync,
+        extra={"metrics_addr": metrics_addr} if metrics_addr else {},
     )
     try:
         code = run(cfg)

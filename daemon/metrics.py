@@ -1,0 +1,207 @@
+"""Prometheus metrics for the daemon (``suffixd serve --metrics-addr 127.0.0.1:9464``).
+
+Two kinds of figures:
+
+* Counters and gauges are read from the engine at scrape time (a custom
+  collector over ``Engine.stats()``), so they are exactly what ``suffixd stats``
+  shows and, like the engine's counters, survive a restart (Prometheus handles
+  counters that only ever grow across restarts fine).
+* Histograms (speculate latency, accepted tokens per step) need every event;
+  they are observed by wrapping the engine's ``propose`` and ``record_step`` on
+  the engine instance, which keeps the engine free of metrics code.
+
+Cardinality: labels are the namespace, the draft source and the tree kind;
+never session ids or paths.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .logs import event
+
+log = logging.getLogger("suffixd.metrics")
+
+SOURCES = ("session", "global", "corpus", "draft_model", "none")
+_LATENCY_BUCKETS = (5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.5)
+_ACCEPT_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+
+
+class EngineCollector(Collector):
+    """Counters and gauges from ``engine.stats()``, computed when Prometheus scrapes."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Any]:
+        try:
+            st = self.engine.stats(top_documents=1)
+        except Exception:  # a scrape must never take the daemon down
+            log.exception("metrics: engine.stats failed")
+            return
+        req = CounterMetricFamily("suffixd_requests", "Finished responses (requests).",
+                                  labels=["namespace"])
+        gen = CounterMetricFamily("suffixd_generated_tokens", "Tokens generated (appended as "
+                                  "model output).", labels=["namespace"])
+        spec = CounterMetricFamily("suffixd_speculate_calls", "Speculate calls.",
+                                   labels=["namespace"])
+        steps = CounterMetricFamily("suffixd_steps", "Verified steps by draft source.",
+                                    labels=["namespace", "source"])
+        prop = CounterMetricFamily("suffixd_draft_tokens_proposed",
+                                   "Draft tokens proposed, by source.",
+                                   labels=["namespace", "source"])
+        acc = CounterMetricFamily("suffixd_draft_tokens_accepted",
+                                  "Draft tokens accepted (target forward passes saved), by source.",
+                                  labels=["namespace", "source"])
+        evict = CounterMetricFamily("suffixd_cache_evictions", "Sequences evicted from a tree.",
+                                    labels=["namespace", "tree"])
+        gauges = {
+            f: GaugeMetricFamily(f"suffixd_cache_{f}", f"Cache size: {f} per tree.",
+                                 labels=["namespace", "tree"])
+            for f in ("sequences", "tokens", "nodes", "bytes")
+        }
+        open_sessions = GaugeMetricFamily("suffixd_open_sessions", "Open sessions.",
+                                          labels=["namespace"])
+        for ns, e in st.items():
+            c = e.get("counters", {})
+            req.add_metric([ns], c.get("requests", 0))
+            gen.add_metric([ns], c.get("generated_tokens", 0))
+            spec.add_metric([ns], c.get("speculate_calls", 0))
+            by_source = c.get("by_source", {})
+            for src in SOURCES:
+                v = by_source.get(src, {})
+                steps.add_metric([ns, src], v.get("steps", 0))
+                prop.add_metric([ns, src], v.get("proposed", 0))
+                acc.add_metric([ns, src], v.get("accepted", 0))
+            for tree, t in (e.get("cache") or {}).items():
+                for f, g in gauges.items():
+                    g.add_metric([ns, tree], t.get(f, t.get("count", 0) if f == "sequences"
+                                                     else 0))
+                if "evictions" in t:
+                    evict.add_metric([ns, tree], t["evictions"])
+            open_sessions.add_metric([ns], e.get("open_sessions", 0))
+        yield from (req, gen, spec, steps, prop, acc, evict, *gauges.values(), open_sessions)
+
+
+class Instruments:
+    """Histograms observed on every speculate and verified step."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.speculate_seconds = Histogram(
+            "suffixd_speculate_seconds",
+            "Time to build a draft (engine side, without transport), by draft source.",
+            ["source"], buckets=_LATENCY_BUCKETS, registry=registry,
+        )
+        self.accepted_tokens = Histogram(
+            "suffixd_accepted_tokens",
+            "Draft tokens accepted per verified step, by draft source.",
+            ["source"], buckets=_ACCEPT_BUCKETS, registry=registry,
+        )
+
+    def attach(self, engine: Any) -> None:
+        """Wrap ``engine.propose`` and ``engine.record_step`` (on this instance only)."""
+        if getattr(engine, "_suffixd_metrics_attached", False):
+            return
+        propose = engine.propose
+        record_step = engine.record_step
+        spec_h = self.speculate_seconds
+        acc_h = self.accepted_tokens
+
+        @functools.wraps(propose)
+        def timed_propose(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            draft = propose(*args, **kwargs)
+            src = getattr(draft, "source", "none") if len(draft.tokens) else "none"
+            spec_h.labels(src if src in SOURCES else "none").observe(time.perf_counter() - t0)
+            return draft
+
+        @functools.wraps(record_step)
+        def counted_step(ns: str, session_id: str | None, source: str, proposed: int,
+                         accepted: int, *args: Any, **kwargs: Any) -> Any:
+            out = record_step(ns, session_id, source, proposed, accepted, *args, **kwargs)
+            acc_h.labels(source if source in SOURCES else "none").observe(accepted)
+            return out
+
+        engine.propose = timed_propose
+        engine.record_step = counted_step
+        engine._suffixd_metrics_attached = True
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[v6]:PORT``, ``:PORT`` or ``PORT`` (host 127.0.0.1) -> (host, port)."""
+    s = addr.strip()
+    host, sep, port = s.rpartition(":")
+    if not sep:
+        host, port = "", s
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--metrics-addr {addr!r}: expected HOST:PORT")
+    return host, int(port)
+
+
+class MetricsServer:
+    def __init__(self, httpd: Any, thread: Any, registry: CollectorRegistry) -> None:
+        self.httpd = httpd
+        self.thread = thread
+        self.registry = registry
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.httpd.server_address[:2]
+        return str(host), int(port)
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def build_registry(engine: Any) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(EngineCollector(engine))
+    Instruments(registry).attach(engine)
+    return registry
+
+
+def start_metrics(engine: Any, addr: str) -> MetricsServer:
+    """Serve ``/metrics`` for ``engine`` on ``addr`` (HOST:PORT; port 0 picks a free one)."""
+    from prometheus_client import start_http_server
+
+    host, port = parse_addr(addr)
+    registry = build_registry(engine)
+    httpd, thread = start_http_server(port, addr=host, registry=registry)
+    server = MetricsServer(httpd, thread, registry)
+    h, p = server.address
+    event(log, "metrics.listening", addr=f"{h}:{p}")
+    return server
+
+
+def register(server: Any, engine: Any) -> list[str]:
+    """Daemon hook (server.EXTRA_SERVICES): start the endpoint when --metrics-addr was given.
+
+    Registers no gRPC service. The bound address is written to
+    ``<data dir>/metrics.addr`` so tools (and tests) can find a port chosen with ``:0``.
+    """
+    cfg = getattr(engine, "serve_config", None)
+    addr = (getattr(cfg, "extra", None) or {}).get("metrics_addr")
+    if not addr:
+        return []
+    try:
+        ms = start_metrics(engine, addr)
+    except (OSError, ValueError) as exc:
+        from .server import ServeError
+
+        raise ServeError(f"cannot serve metrics on {addr}: {exc}") from None
+    engine.metrics_server = ms
+    data_dir = getattr(engine, "data_dir", None)
+    if data_dir is not None:
+        h, p = ms.address
+        (data_dir / "metrics.addr").write_text(f"{h}:{p}\n")
+    return []
