@@ -393,7 +393,18 @@ def warm(
                     continue
                 st = WarmStats()
                 t0 = time.perf_counter()
-                warmer.apply_changes(changes, st)
+                try:
+                    warmer.apply_changes(changes, st)
+                except (grpc.RpcError, SuffixdError) as exc:
+                    # The daemon restarting must not end the watch: retry the batch later,
+                    # against a fresh view of what the daemon has.
+                    warn(f"{describe_error(exc, client.target)}; retrying in 2 s")
+                    time.sleep(2.0)
+                    for path, op in changes.items():
+                        watcher.debouncer.add(path, op)  # type: ignore[arg-type]
+                    with contextlib.suppress(grpc.RpcError, SuffixdError):
+                        warmer.refresh_known()
+                    continue
                 st.seconds = time.perf_counter() - t0
                 if st.warmed or st.removed or st.skipped:
                     click.echo(
