@@ -72,12 +72,55 @@ def run_warm(corpus: Path, data_dir: Path, roles: str) -> tuple[dict[str, object
     return json.loads(out.stdout.strip().splitlines()[-1]), wall
 
 
+def components(corpus: Path, roles: str) -> dict[str, object]:
+    """The same units through each stage alone, in this process, one thread each."""
+    from suffixd.daemon.config import CacheConfig
+    from suffixd.daemon.corpus import load_file, walk
+    from suffixd.daemon.model import Tokenizer, embedded_model_path
+
+    from suffixcache.cache import SuffixCache
+    from suffixcache.store import Store
+
+    t0 = time.perf_counter()
+    units = []
+    for rel, path in walk(corpus):
+        units.extend(load_file(rel, path, roles=tuple(roles.split(","))).units)
+    split_s = time.perf_counter() - t0
+    tok = Tokenizer(embedded_model_path())
+    t0 = time.perf_counter()
+    seqs = [[t for seg in u.segments for t in tok.tokenize(seg)] for u in units]
+    tok_s = time.perf_counter() - t0
+    n = sum(map(len, seqs))
+    cfg = CacheConfig()
+    cache = SuffixCache(max_depth=cfg.max_depth, global_budget_tokens=cfg.global_budget_tokens)
+    t0 = time.perf_counter()
+    for i, s in enumerate(seqs):
+        cache.add_corpus("bench", i + 1, s)
+    tree_s = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as d, Store(d) as store:
+        t0 = time.perf_counter()
+        for i in range(0, len(seqs), 500):
+            store.write(lambda t, part=seqs[i : i + 500]: [  # type: ignore[misc]
+                t.add_sequence("bench", "corpus", x, doc="d") for x in part])
+        store_s = time.perf_counter() - t0
+    return {
+        "tokens": n,
+        "read_split_tokens_per_s": round(n / split_s),
+        "tokenize_tokens_per_s": round(n / tok_s),
+        "tree_insert_tokens_per_s": round(n / tree_s),
+        "lmdb_commit_tokens_per_s": round(n / store_s),
+        "serial_sum_tokens_per_s": round(n / (split_s + tok_s + tree_s + store_s)),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", default=None)
     ap.add_argument("--swe-sessions", type=int, default=0,
                     help="only the first N sessions of swe_django.jsonl (0: all)")
     ap.add_argument("--roles", default="system,user,assistant")
+    ap.add_argument("--components", action="store_true",
+                    help="also time each stage alone (split, tokenize, tree insert, LMDB)")
     args = ap.parse_args()
     shared = find_shared(args.shared)
     tmp = Path(tempfile.mkdtemp(prefix="suffixd-warm-bench-"))
@@ -114,6 +157,8 @@ def main() -> None:
             "daemon_rss_mib_after_warm": round(rss),
             "cpus": os.cpu_count(),
         }
+        if args.components:
+            result["components"] = components(corpus, args.roles)
         print(json.dumps(result, indent=2))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
