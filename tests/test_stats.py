@@ -150,3 +150,26 @@ def test_summary_of_empty_and_known_counters() -> None:
                               **s}]}
     assert "hit rate  75.0%" not in render_table(report)  # formatting is compact
     assert "hit rate 75.0%" in render_table(report)
+
+
+def test_stats_watch_refreshes_until_interrupted(shared_daemon: Any) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    sock = shared_daemon.proc.socket.removeprefix("unix:")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "suffixd.cli.main", "stats", "--watch", "--json",
+         "--interval", "0.2", "--socket", sock],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    lines = []
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    while len(lines) < 3 and time.monotonic() < deadline:
+        lines.append(json.loads(proc.stdout.readline()))
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(10) == 0
+    assert len(lines) == 3 and all("namespaces" in x for x in lines)
+    assert lines[0]["time"] < lines[1]["time"] < lines[2]["time"]
