@@ -21,6 +21,7 @@ from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
 from .client import channel_options
 from .errors import UnavailableError, from_rpc_error
 from .types import (
+    KINDS,
     AppendResult,
     Draft,
     SessionInfo,
@@ -179,6 +180,14 @@ class AsyncClient:
                         context: Sequence[int] | None = None, max_tokens: int | None = None,
                         cost_profile: Mapping[int, float] | None = None) -> Draft:
         req = speculate_request(namespace, session_id, context, max_tokens, cost_profile)
+        return Draft.from_pb(await self.call(self.stub.Speculate, req))
+
+    async def step(self, namespace: str, session_id: str, accepted_tokens: Sequence[int],
+                   max_tokens: int | None = None, final: bool = False) -> Draft:
+        """Append a step's tokens and get the next draft in one round trip (see Client.step)."""
+        req = speculate_request(namespace, session_id, None, max_tokens, None)
+        req.append.ids.extend(accepted_tokens)
+        req.append_kind = KINDS["response" if final else "generated"]
         return Draft.from_pb(await self.call(self.stub.Speculate, req))
 
     async def stats(self, namespace: str | None = None, session_id: str | None = None,

@@ -26,6 +26,7 @@ from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
 
 from .errors import UnavailableError, from_rpc_error
 from .types import (
+    KINDS,
     AppendResult,
     Draft,
     SessionInfo,
@@ -73,6 +74,10 @@ class Session:
         cost_profile: Mapping[int, float] | None = None,
     ) -> Draft:
         return self.client.speculate(self.namespace, self.id, context, max_tokens, cost_profile)
+
+    def step(self, accepted_tokens: Sequence[int], max_tokens: int | None = None,
+             final: bool = False) -> Draft:
+        return self.client.step(self.namespace, self.id, accepted_tokens, max_tokens, final)
 
     def describe(self, include_counters: bool = False) -> SessionInfo:
         return self.client.describe_session(self.namespace, self.id, include_counters)
@@ -259,6 +264,23 @@ class Client:
         cost_profile: Mapping[int, float] | None = None,
     ) -> Draft:
         req = speculate_request(namespace, session_id, context, max_tokens, cost_profile)
+        return Draft.from_pb(self.call(self.stub.Speculate, req))
+
+    def step(
+        self,
+        namespace: str,
+        session_id: str,
+        accepted_tokens: Sequence[int],
+        max_tokens: int | None = None,
+        final: bool = False,
+    ) -> Draft:
+        """One decoding step in one round trip: append the tokens the verifier produced
+        (durably; kind "generated", or "response" when ``final``), then draft from the
+        session's new tail. ``draft.accepted`` tells how many of the previous draft's
+        tokens the appended ones matched."""
+        req = speculate_request(namespace, session_id, None, max_tokens, None)
+        req.append.ids.extend(accepted_tokens)
+        req.append_kind = KINDS["response" if final else "generated"]
         return Draft.from_pb(self.call(self.stub.Speculate, req))
 
     def stats(

@@ -27,6 +27,9 @@ class Draft:
     source: str
     sources: list[str]
     score: float
+    # Only when the speculate call carried an append (see Client.step).
+    accepted: int = -1
+    session_tokens: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -48,7 +51,7 @@ class Draft:
     @classmethod
     def from_pb(cls, m: pb.SpeculateResponse) -> Draft:
         return cls(list(m.tokens), list(m.parents), list(m.probs), m.match_len, m.source,
-                   list(m.sources), m.score)
+                   list(m.sources), m.score, m.accepted, m.session_tokens)
 
 
 @dataclass

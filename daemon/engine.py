@@ -52,6 +52,7 @@ Locking (explicit; a lock is never held across another session's work):
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import secrets
@@ -83,6 +84,7 @@ SOURCES = ("session", "global", "corpus", "draft_model", "none")
 _TAIL_KEEP = 1024
 
 
+@functools.cache
 def _version() -> str:
     try:
         from importlib.metadata import version

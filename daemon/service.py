@@ -236,6 +236,13 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
     @rpc
     def Speculate(self, request: pb.SpeculateRequest, context: grpc.ServicerContext) -> Any:
         ctx = list(request.context.ids) if request.HasField("context") else None
+        appended = None
+        if request.HasField("append"):
+            if not request.session_id:
+                raise InvalidArgument("append needs a session_id")
+            kind = _kind(request.append_kind or pb.KIND_GENERATED)
+            appended = self.engine.append(request.namespace, request.session_id, kind,
+                                          list(request.append.ids))
         draft = self.engine.propose(
             request.namespace,
             request.session_id or None,
@@ -243,7 +250,7 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
             request.max_tokens or None,
             _cost_profile(request.cost_profile) if request.HasField("cost_profile") else None,
         )
-        return pb.SpeculateResponse(
+        resp = pb.SpeculateResponse(
             tokens=draft.tokens,
             parents=draft.parents,
             probs=draft.probs,
@@ -252,6 +259,12 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
             sources=draft.sources,
             score=draft.score,
         )
+        if appended is not None:
+            resp.accepted = appended.accepted
+            resp.session_tokens = appended.session_tokens
+        else:
+            resp.accepted = -1
+        return resp
 
     @rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> Any:

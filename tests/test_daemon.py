@@ -326,3 +326,21 @@ def test_grpc_status_codes_raw(daemon: Client) -> None:
     with pytest.raises(grpc.RpcError) as ei:
         daemon.stub.Append(pb.AppendRequest(namespace="x", session_id=sid))
     assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_step_appends_and_drafts_in_one_round_trip(daemon: Client) -> None:
+    rng = random.Random(21)
+    seq = rand_seq(rng, 40)
+    with daemon.session("step") as s:
+        s.append(seq, kind="response")
+        s.append(seq[:8], kind="prompt")
+        d = s.speculate(max_tokens=8)
+        assert d.accepted == -1 and len(d) >= 2
+        # The verifier accepted 2 draft tokens plus its own bonus token.
+        d2 = s.step(seq[8:11], max_tokens=8)
+        assert d2.accepted == 2 and d2.session_tokens == 51
+        assert d2.tokens == seq[11: 11 + len(d2)]
+        c = s.describe(include_counters=True).counters
+        assert c["steps"] == 1 and c["draft_tokens_accepted"] == 2
+    with pytest.raises(InvalidArgumentError, match="needs a session"):
+        daemon.step("step", "", [1])

@@ -225,21 +225,25 @@ class CostProfile(_message.Message):
     def __init__(self, k: _Optional[_Iterable[int]] = ..., cost: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SpeculateRequest(_message.Message):
-    __slots__ = ("namespace", "session_id", "context", "max_tokens", "cost_profile")
+    __slots__ = ("namespace", "session_id", "context", "max_tokens", "cost_profile", "append", "append_kind")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COST_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    APPEND_FIELD_NUMBER: _ClassVar[int]
+    APPEND_KIND_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     session_id: str
     context: TokenList
     max_tokens: int
     cost_profile: CostProfile
-    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., context: _Optional[_Union[TokenList, _Mapping]] = ..., max_tokens: _Optional[int] = ..., cost_profile: _Optional[_Union[CostProfile, _Mapping]] = ...) -> None: ...
+    append: TokenList
+    append_kind: Kind
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., context: _Optional[_Union[TokenList, _Mapping]] = ..., max_tokens: _Optional[int] = ..., cost_profile: _Optional[_Union[CostProfile, _Mapping]] = ..., append: _Optional[_Union[TokenList, _Mapping]] = ..., append_kind: _Optional[_Union[Kind, str]] = ...) -> None: ...
 
 class SpeculateResponse(_message.Message):
-    __slots__ = ("tokens", "parents", "probs", "match_len", "source", "sources", "score")
+    __slots__ = ("tokens", "parents", "probs", "match_len", "source", "sources", "score", "accepted", "session_tokens")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     PARENTS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
@@ -247,6 +251,8 @@ class SpeculateResponse(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     parents: _containers.RepeatedScalarFieldContainer[int]
     probs: _containers.RepeatedScalarFieldContainer[float]
@@ -254,7 +260,9 @@ class SpeculateResponse(_message.Message):
     source: str
     sources: _containers.RepeatedScalarFieldContainer[str]
     score: float
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ..., match_len: _Optional[int] = ..., source: _Optional[str] = ..., sources: _Optional[_Iterable[str]] = ..., score: _Optional[float] = ...) -> None: ...
+    accepted: int
+    session_tokens: int
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ..., match_len: _Optional[int] = ..., source: _Optional[str] = ..., sources: _Optional[_Iterable[str]] = ..., score: _Optional[float] = ..., accepted: _Optional[int] = ..., session_tokens: _Optional[int] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ("namespace", "session_id", "include_sessions", "top_documents")

@@ -1,0 +1,355 @@
+"""Daemon benchmarks: RPC throughput, restart time, durable ingest rate, kill -9 crash test.
+
+    python bench/daemon_bench.py rpc --clients 16 --seconds 30 [--procs 4]
+    python bench/daemon_bench.py restart --tokens 5000000
+    python bench/daemon_bench.py crash --rounds 3
+
+Each starts a real `suffixd serve` subprocess on a temporary data dir (Unix socket, real
+LMDB with fsync, embedded gemma tokenizer) and prints one JSON object per result.
+
+rpc: each client replays spider_dev agent turns (tokenized with the daemon's vocabulary) as
+an external verifier would: open a session, append the prompt, then per step Speculate on
+the session's tail and Append (kind generated) the accepted tokens plus one bonus token, so
+every Append is durable. Reported: speculate RPC/s, all RPC/s, p50/p99 latency per method.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(os.environ.get("SUFFIXD_DATA", ROOT.parent / "shared" / "data"))
+if not DATA.exists():
+    DATA = Path("/work/shared/data")
+
+
+def start_daemon(data_dir: Path, *args: str, timeout: float = 120.0) -> tuple[Any, str, float]:
+    announce = data_dir / "daemon.json"
+    if announce.exists():
+        announce.unlink()
+    t0 = time.perf_counter()
+    log = open(data_dir.parent / f"{data_dir.name}.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "suffixd.cli.main", "serve", "--data-dir",
+                             str(data_dir), *args], stdout=log, stderr=subprocess.STDOUT)
+    from suffixd.client import Client
+
+    while time.perf_counter() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited {proc.returncode}")
+        if announce.exists():
+            try:
+                info = json.loads(announce.read_text())
+            except json.JSONDecodeError:
+                continue
+            if info.get("pid") == proc.pid:
+                target = info["listen"][0]
+                c = Client(target, retries=0)
+                c.info()  # serving: answers an RPC
+                c.close()
+                return proc, target, time.perf_counter() - t0
+        time.sleep(0.01)
+    proc.kill()
+    raise TimeoutError("daemon did not start")
+
+
+def stop_daemon(proc: Any) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def load_turns(workload: str, limit: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt tokens, response tokens) per assistant turn, replay-protocol tokenization."""
+    from suffixd.daemon.model import Tokenizer, embedded_model_path
+
+    tok = Tokenizer(embedded_model_path())
+    turns: list[tuple[list[int], list[int]]] = []
+    with open(DATA / "workloads" / f"{workload}.jsonl") as f:
+        for line in f:
+            sess = json.loads(line)
+            prompt: list[int] = []
+            for m in sess["messages"]:
+                toks = tok.tokenize(f"<{m['role']}>\n") + tok.tokenize(m["content"])
+                if m["role"] == "assistant":
+                    head = tok.tokenize("<assistant>\n")
+                    body = toks[len(head):]
+                    turns.append((prompt[-2048:] + head, body))
+                prompt = prompt + toks
+                if len(turns) >= limit:
+                    return turns
+    return turns
+
+
+# ----------------------------------------------------------------------------- rpc
+def _client_loop(target: str, turns: list[tuple[list[int], list[int]]], seconds: float,
+                 idx: int, out: dict[str, Any], start_at: float, combined: bool) -> None:
+    from suffixd.client import Client
+
+    c = Client(target, retries=0, timeout=30)
+    spec_lat: list[float] = []
+    app_lat: list[float] = []
+    accepted = proposed = 0
+    rng = random.Random(idx)
+    order = list(range(len(turns)))
+    rng.shuffle(order)
+    while time.time() < start_at:
+        time.sleep(0.001)
+    end = time.time() + seconds
+    k = 0
+    pc = time.perf_counter
+    while time.time() < end:
+        prompt, resp = turns[order[k % len(order)]]
+        k += 1
+        sid = c.open_session("bench", f"c{idx}-{k}").session_id
+        c.append("bench", sid, prompt, kind="prompt")
+        pos = 0
+        t = pc()
+        d = c.speculate("bench", sid, None, 16)
+        spec_lat.append(pc() - t)
+        while pos < len(resp) and time.time() < end:
+            n = 0
+            for a, b in zip(d.tokens, resp[pos:], strict=False):
+                if a != b:
+                    break
+                n += 1
+            proposed += len(d.tokens)
+            accepted += n
+            step = resp[pos: pos + n + 1]
+            pos += len(step)
+            final = pos >= len(resp)
+            t = pc()
+            if combined and not final:
+                d = c.step("bench", sid, step, 16)  # append + next draft, one round trip
+                spec_lat.append(pc() - t)
+                continue
+            c.append("bench", sid, step, kind="response" if final else "generated")
+            app_lat.append(pc() - t)
+            if not final:
+                t = pc()
+                d = c.speculate("bench", sid, None, 16)
+                spec_lat.append(pc() - t)
+        c.close_session("bench", sid)
+    c.close()
+    out[str(idx)] = {"spec": spec_lat, "app": app_lat, "acc": accepted, "prop": proposed,
+                     "sessions": k}
+
+
+def _proc_worker(args: tuple[str, list[Any], float, int, int, float, bool]) -> dict[str, Any]:
+    target, turns, seconds, first, n_threads, start_at, combined = args
+    out: dict[str, Any] = {}
+    threads = [threading.Thread(target=_client_loop,
+                                args=(target, turns, seconds, first + i, out, start_at,
+                                      combined))
+               for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
+
+
+def bench_rpc(clients: int, seconds: float, procs: int, turns_n: int, extra: list[str],
+              combined: bool) -> None:
+    turns = load_turns("spider_dev", turns_n)
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp) / "data"
+        proc, target, _ = start_daemon(data_dir, *extra)
+        try:
+            # Warm the global tree with the workload's responses, as a long-running daemon has.
+            from suffixd.client import Client
+
+            c = Client(target)
+            sid = c.open_session("bench", "warm").session_id
+            c.append_batch([("bench", sid, "response", r) for _, r in turns])
+            c.close_session("bench", sid)
+            c.close()
+            start_at = time.time() + 2.0
+            per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
+            firsts = [sum(per[:i]) for i in range(procs)]
+            ctx = mp.get_context("spawn")
+            with ctx.Pool(procs) as pool:
+                parts = pool.map(_proc_worker, [(target, turns, seconds, firsts[i], per[i],
+                                                 start_at, combined) for i in range(procs)])
+        finally:
+            stop_daemon(proc)
+    spec = [x for p in parts for r in p.values() for x in r["spec"]]
+    app = [x for p in parts for r in p.values() for x in r["app"]]
+    acc = sum(r["acc"] for p in parts for r in p.values())
+    prop = sum(r["prop"] for p in parts for r in p.values())
+    sessions = sum(r["sessions"] for p in parts for r in p.values())
+    print(json.dumps({
+        "bench": "rpc", "mode": "step" if combined else "speculate+append",
+        "clients": clients, "client_procs": procs, "seconds": seconds,
+        "speculate_rpc_s": round(len(spec) / seconds, 1),
+        "all_rpc_s": round((len(spec) + len(app) + 3 * sessions) / seconds, 1),
+        "speculate_ms_p50": round(pct(spec, 0.5), 3), "speculate_ms_p99": round(pct(spec, 0.99), 3),
+        "append_ms_p50": round(pct(app, 0.5), 3), "append_ms_p99": round(pct(app, 0.99), 3),
+        "speculate_ms_mean": round(statistics.fmean(spec) * 1000, 3) if spec else None,
+        "draft_tokens_accepted_per_step": round(acc / max(1, len(spec)), 3),
+        "accept_rate": round(acc / max(1, prop), 3),
+    }))
+
+
+# ----------------------------------------------------------------------------- restart
+def _ingest(target: str, seqs: list[list[int]], batch_tokens: int) -> tuple[int, float]:
+    from suffixd.client import Client
+
+    c = Client(target, timeout=600)
+    sid = c.open_session("restart", "ingest").session_id
+    t0 = time.perf_counter()
+    n = 0
+    batch: list[tuple[str, str, str, list[int]]] = []
+    size = 0
+    for s in seqs:
+        batch.append(("restart", sid, "response", s))
+        size += len(s)
+        if size >= batch_tokens:
+            n += c.append_batch(batch)["tokens"]
+            batch, size = [], 0
+    if batch:
+        n += c.append_batch(batch)["tokens"]
+    dt = time.perf_counter() - t0
+    c.close_session("restart", sid)
+    c.close()
+    return n, dt
+
+
+def bench_restart(tokens: int, batch_tokens: int) -> None:
+    turns = load_turns("swe_django", 10**9)
+    seqs: list[list[int]] = []
+    total = 0
+    for _, r in turns:  # the agent's own responses, repeated if the workload is short
+        seqs.append(r)
+        total += len(r)
+        if total >= tokens:
+            break
+    while total < tokens:
+        seqs.extend(seqs[: len(seqs)])
+        total = sum(map(len, seqs))
+    budget = str(int(total * 1.2))
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp) / "data"
+        proc, target, first_start = start_daemon(data_dir, "--global-budget-tokens", budget)
+        n, dt = _ingest(target, seqs, batch_tokens)
+        stop_daemon(proc)
+        proc, target, restart = start_daemon(data_dir, "--global-budget-tokens", budget)
+        from suffixd.client import Client
+
+        c = Client(target)
+        st = c.stats("restart")["namespaces"][0]
+        c.close()
+        stop_daemon(proc)
+        proc, target, restart_kill = start_daemon(data_dir, "--global-budget-tokens", budget)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc, target, restart_after_kill9 = start_daemon(data_dir, "--global-budget-tokens",
+                                                         budget)
+        stop_daemon(proc)
+        store_bytes = sum(f.stat().st_size for f in (data_dir / "store").iterdir())
+    print(json.dumps({
+        "bench": "restart", "tokens": n, "sequences": len(seqs),
+        "durable_ingest_tok_s": round(n / dt), "ingest_s": round(dt, 2),
+        "batch_tokens": batch_tokens,
+        "empty_start_s": round(first_start, 2), "restart_s": round(restart, 2),
+        "restart_after_kill9_s": round(restart_after_kill9, 2),
+        "global_tree_tokens": st["global"]["tokens"], "global_tree_bytes": st["global"]["bytes"],
+        "lmdb_bytes": store_bytes,
+    }))
+
+
+# ----------------------------------------------------------------------------- crash
+def bench_crash(rounds: int, writers: int) -> None:
+    from suffixd.client import Client
+
+    from suffixcache.store import Store
+
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp) / "data"
+        acked: list[list[int]] = []
+        lock = threading.Lock()
+        for rnd in range(rounds):
+            proc, target, _ = start_daemon(data_dir)
+            stop = threading.Event()
+
+            def write(i: int, rnd: int = rnd, target: str = target,
+                      stop: threading.Event = stop) -> None:
+                rng = random.Random(rnd * 1000 + i)
+                c = Client(target, retries=0, timeout=5)
+                try:
+                    sid = c.open_session("crash", f"r{rnd}w{i}").session_id
+                    while not stop.is_set():
+                        s = [rng.randrange(1000, 260_000) for _ in range(32)]
+                        c.append("crash", sid, s, kind="response")
+                        with lock:
+                            acked.append(s)
+                except Exception:
+                    pass
+
+            ts = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+            for t in ts:
+                t.start()
+            time.sleep(random.uniform(1.0, 3.0))
+            proc.send_signal(signal.SIGKILL)  # mid-write
+            proc.wait()
+            stop.set()
+            for t in ts:
+                t.join()
+            results.append(len(acked))
+        with Store(data_dir / "store") as store:
+            stored = {tuple(r["tokens"]) for r in store.iter_sequences()}
+        lost = sum(1 for s in acked if tuple(s) not in stored)
+    print(json.dumps({"bench": "crash", "rounds": rounds, "writers": writers,
+                      "acknowledged": len(acked), "lost": lost}))
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("rpc")
+    r.add_argument("--clients", type=int, default=16)
+    r.add_argument("--seconds", type=float, default=30)
+    r.add_argument("--procs", type=int, default=4, help="client processes sharing the clients")
+    r.add_argument("--turns", type=int, default=400)
+    r.add_argument("--serve-arg", action="append", default=[], help="extra `serve` argument")
+    r.add_argument("--step", action="store_true",
+                   help="one Speculate-with-append RPC per step instead of Speculate + Append")
+    s = sub.add_parser("restart")
+    s.add_argument("--tokens", type=int, default=5_000_000)
+    s.add_argument("--batch-tokens", type=int, default=65536)
+    c = sub.add_parser("crash")
+    c.add_argument("--rounds", type=int, default=3)
+    c.add_argument("--writers", type=int, default=8)
+    a = ap.parse_args()
+    if a.cmd == "rpc":
+        bench_rpc(a.clients, a.seconds, a.procs, a.turns, a.serve_arg, a.step)
+    elif a.cmd == "restart":
+        bench_restart(a.tokens, a.batch_tokens)
+    else:
+        bench_crash(a.rounds, a.writers)
+
+
+if __name__ == "__main__":
+    main()
