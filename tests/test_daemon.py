@@ -336,11 +336,14 @@ def test_step_appends_and_drafts_in_one_round_trip(daemon: Client) -> None:
         s.append(seq[:8], kind="prompt")
         d = s.speculate(max_tokens=8)
         assert d.accepted == -1 and len(d) >= 2
-        # The verifier accepted 2 draft tokens plus its own bonus token.
+        # The verifier accepted 3 draft tokens; the next draft continues the sequence.
         d2 = s.step(seq[8:11], max_tokens=8)
-        assert d2.accepted == 2 and d2.session_tokens == 51
-        assert d2.tokens == seq[11: 11 + len(d2)]
+        assert d2.accepted == 3 and d2.session_tokens == 51
+        assert len(d2) >= 1 and d2.tokens == seq[11: 11 + len(d2)]
+        # It accepted 1, then its own token differed from the draft (the bonus token).
+        d3 = s.step([seq[11], 7], max_tokens=8)
+        assert d3.accepted == 1 and d3.session_tokens == 53
         c = s.describe(include_counters=True).counters
-        assert c["steps"] == 1 and c["draft_tokens_accepted"] == 2
+        assert c["steps"] == 2 and c["draft_tokens_accepted"] == 4
     with pytest.raises(InvalidArgumentError, match="needs a session"):
         daemon.step("step", "", [1])
