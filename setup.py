@@ -6,7 +6,11 @@ from setuptools import setup
 ext_modules = [
     Pybind11Extension(
         "suffixcache._native",
-        ["suffixcache/csrc/bindings.cpp", "suffixcache/csrc/suffix_tree.cpp"],
+        [
+            "suffixcache/csrc/bindings.cpp",
+            "suffixcache/csrc/suffix_tree.cpp",
+            "suffixcache/csrc/calibrator.cpp",
+        ],
         include_dirs=["suffixcache/csrc"],
         cxx_std=17,
         extra_compile_args=["-O3"],

@@ -13,12 +13,11 @@ Usable on its own, without the daemon::
 from suffixcache._native import SuffixTree, speculate_multi
 from suffixcache.cache import SuffixCache
 from suffixcache.cost import CostProfile
-from suffixcache.drafter import EMPTY_DRAFT, SOURCES, Calibrator, Draft, DraftConfig, Drafter
+from suffixcache.drafter import EMPTY_DRAFT, SOURCES, Draft, DraftConfig, Drafter
 
 __all__ = [
     "EMPTY_DRAFT",
     "SOURCES",
-    "Calibrator",
     "CostProfile",
     "Draft",
     "DraftConfig",

@@ -24,6 +24,7 @@ proposers). The policy:
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -32,6 +33,10 @@ from suffixcache.cache import SuffixCache
 from suffixcache.cost import CostProfile
 
 SOURCES = ("session", "global", "corpus")
+SOURCE_IDS = {name: i for i, name in enumerate(SOURCES)}
+CALIBRATION_PRIOR_WEIGHT = 4.0
+CALIBRATION_OPTIMISM = 0.5
+MAX_TRACKED_SESSIONS = 100_000
 RATE_DECAY = 0.999  # the achieved rate averages over roughly the last thousand steps
 RATE_PRIOR = 20.0  # pseudo-steps at rate 1 before any feedback
 
@@ -71,6 +76,8 @@ class Draft:
     score: float  # expected accepted tokens (sum of probs)
     conds: list[float] = field(default_factory=list, repr=False)  # raw P(token | parent)
     supports: list[int] = field(default_factory=list, repr=False)  # occurrences behind each token
+    key: tuple[str, str] | None = field(default=None, repr=False)  # (namespace, session)
+    prev: int = field(default=-1, repr=False)  # session's previous-step acceptance when drafted
 
     @property
     def source(self) -> str:
@@ -122,104 +129,12 @@ class Draft:
 EMPTY_DRAFT = Draft([], [], [], [], 0, 0.0)
 
 
-class Calibrator:
-    """Online estimate of P(token accepted | its parent was accepted).
-
-    Features of a draft token: its raw conditional probability (its cumulative
-    probability over its parent's), how many occurrences support it, and its
-    depth in the draft. Each bin counts accepted / verified tokens, starting
-    from a prior centred on the raw probability. Only tokens whose parent was
-    accepted are evidence (the verifier never judged the others), so the
-    estimate stays unbiased however the drafts were truncated.
-    """
-
-    COND_EDGES = (0.3, 0.6, 0.9, 0.99, 2.0)
-    SUPPORT_EDGES = (1, 2, 4, 8, 16, 1 << 30)
-    DEPTH_EDGES = (1, 3, 7, 1 << 30)
-    MATCH_EDGES = (2, 5, 10, 1 << 30)
-    PRIOR_WEIGHT = 2.0
-
-    def __init__(self) -> None:
-        n = (
-            len(self.COND_EDGES)
-            * len(self.SUPPORT_EDGES)
-            * len(self.DEPTH_EDGES)
-            * len(self.MATCH_EDGES)
-        )
-        self._hits = [0.0] * n
-        self._trials = [0.0] * n
-        # Lookup tables instead of searches: this runs for every draft token.
-        ns, nd, nm = len(self.SUPPORT_EDGES), len(self.DEPTH_EDGES), len(self.MATCH_EDGES)
-        self._cond_base = [
-            _bucket(i / 1000, self.COND_EDGES) * ns * nd * nm for i in range(1001)
-        ]
-        self._support_off = [_bucket(c, self.SUPPORT_EDGES) * nd * nm for c in range(65)]
-        self._depth_off = [_bucket(d, self.DEPTH_EDGES) * nm for d in range(1025)]
-        self._match_off = [_bucket(m, self.MATCH_EDGES) for m in range(1025)]
-        self._lock = threading.Lock()
-
-    def _bin(self, cond: float, support: int, depth: int, match_len: int) -> int:
-        return (
-            self._cond_base[int(cond * 1000)]
-            + self._support_off[support if support < 64 else 64]
-            + self._depth_off[depth if depth < 1024 else 1024]
-            + self._match_off[match_len if match_len < 1024 else 1024]
-        )
-
-    def estimate(self, cond: float, support: int, depth: int, match_len: int) -> float:
-        b = self._bin(cond, support, depth, match_len)
-        return (self._hits[b] + self.PRIOR_WEIGHT * cond) / (self._trials[b] + self.PRIOR_WEIGHT)
-
-    def path_estimates(
-        self, conds: Sequence[float], supports: Sequence[int], parents: Sequence[int],
-        depths: Sequence[int], match_len: int,
-    ) -> list[float]:
-        """Cumulative acceptance estimates of a draft's tokens (a token needs its parent)."""
-        cond_base, support_off, depth_off = self._cond_base, self._support_off, self._depth_off
-        hits, trials, w = self._hits, self._trials, self.PRIOR_WEIGHT
-        m_off = self._match_off[match_len if match_len < 1024 else 1024]
-        out: list[float] = []
-        for c, sup, parent, d in zip(conds, supports, parents, depths, strict=True):
-            b = (
-                cond_base[int(c * 1000)]
-                + support_off[sup if sup < 64 else 64]
-                + depth_off[d if d < 1024 else 1024]
-                + m_off
-            )
-            r = (hits[b] + w * c) / (trials[b] + w)
-            out.append(r if parent < 0 else r * out[parent])
-        return out
-
-    def observe(
-        self,
-        conds: Sequence[float],
-        supports: Sequence[int],
-        depths: Sequence[int],
-        match_len: int,
-        parent_ok: Sequence[bool],
-        accepted: Sequence[bool],
-    ) -> None:
-        with self._lock:
-            for cond, sup, depth, judged, ok in zip(
-                conds, supports, depths, parent_ok, accepted, strict=True
-            ):
-                if not judged:
-                    continue
-                b = self._bin(cond, sup, depth, match_len)
-                self._trials[b] += 1.0
-                if ok:
-                    self._hits[b] += 1.0
-
-
-def _bucket(value: float, edges: Sequence[float]) -> int:
-    for i, edge in enumerate(edges):
-        if value <= edge:
-            return i
-    return len(edges) - 1
-
-
 class Drafter:
-    """Proposes drafts for a session from the cache's trees (see the module docstring)."""
+    """Proposes drafts for a session from the cache's trees (see the module docstring).
+
+    Thread-safe: trees are locked by the cache; the calibrator's native calls
+    hold the GIL; the achieved-rate and per-session state have their own lock.
+    """
 
     def __init__(
         self,
@@ -229,19 +144,18 @@ class Drafter:
     ) -> None:
         self.cache = cache
         self.config = config or DraftConfig()
-        self.calibrator = Calibrator()
+        self.calibrator = _native.Calibrator(CALIBRATION_PRIOR_WEIGHT, CALIBRATION_OPTIMISM)
         self.set_cost_profile(cost_profile or CostProfile.cpu_default())
         # tokens per unit of verification cost achieved so far (plain decoding: 1)
         self._rate_tokens = RATE_PRIOR
         self._rate_cost = RATE_PRIOR
-        self._rate_lock = threading.Lock()
+        # (namespace, session) -> tokens accepted at its previous step (-1: no draft)
+        self._prev: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._lock = threading.Lock()
 
     def set_cost_profile(self, profile: CostProfile) -> None:
         self.cost_profile = profile
         self._cost = profile.table(max(self.config.max_tokens, 1) + 1)
-
-    def _cost_of(self, k: int) -> float:
-        return self._cost[k] if k < len(self._cost) else self.cost_profile.cost(k)
 
     @property
     def achieved_rate(self) -> float:
@@ -268,7 +182,7 @@ class Drafter:
             raw = _native.speculate_multi(
                 [tree for _, tree, _ in sources],
                 [float(cfg.weights.get(name, 0.0)) for name in names],
-                [tail for _, _, tail in sources],
+                [tail_seq for _, _, tail_seq in sources],
                 tail if isinstance(tail, list) else list(tail),
                 budget,
                 cfg.max_spec_factor,
@@ -278,34 +192,47 @@ class Drafter:
                 cfg.use_tree,
                 cfg.match_power,
             )
+        match_len = max(raw["match_lens"], default=0)
         tokens: list[int] = raw["tokens"]
         if not tokens:
-            return Draft([], [], [], [], max(raw["match_lens"], default=0), 0.0)
+            return Draft([], [], [], [], match_len, 0.0)
         parents: list[int] = raw["parents"]
         raw_probs: list[float] = raw["probs"]
         supports: list[int] = raw["counts"]
-        depths = _depths(parents)
+        source_ids = [SOURCE_IDS[names[i]] for i in raw["sources"]]
         conds = [
             p / raw_probs[parent] if parent >= 0 and raw_probs[parent] > 0 else p
             for p, parent in zip(raw_probs, parents, strict=True)
         ]
+        key = (namespace, session_id) if session_id is not None else None
+        prev = self._prev.get(key, -1) if key is not None else -1
         if cfg.calibrate:
-            probs = self.calibrator.path_estimates(
-                conds, supports, parents, depths, max(raw["match_lens"])
+            probs, keep = self.calibrator.choose(
+                conds,
+                supports,
+                parents,
+                source_ids,
+                match_len,
+                prev,
+                self._cost,
+                self.achieved_rate,
+                cfg.cost_aware,
             )
         else:
-            probs = list(raw_probs)
-        keep = self._best_prefix(probs) if cfg.cost_aware else len(tokens)
-        src = [names[i] for i in raw["sources"][:keep]]
+            probs, keep = list(raw_probs), len(tokens)
+            if cfg.cost_aware:
+                keep = self._best_prefix(probs)
         return Draft(
             tokens[:keep],
             parents[:keep],
             probs[:keep],
-            src,
-            max(raw["match_lens"]),
+            [SOURCES[i] for i in source_ids[:keep]],
+            match_len,
             sum(probs[:keep]),
             conds[:keep],
             supports[:keep],
+            key,
+            prev,
         )
 
     def _best_prefix(self, probs: Sequence[float]) -> int:
@@ -315,10 +242,10 @@ class Drafter:
         run's overall tokens/cost: a draft whose ratio beats plain decoding but
         falls short of the rate the drafter already achieves still drags the
         total down (Dinkelbach's argument). `rate` is that achieved rate,
-        tracked from the drafter's own feedback.
+        tracked from the drafter's own feedback. (The native calibrator applies
+        the same rule when calibration is on.)
         """
-        cost = self._cost
-        rate = self._rate_tokens / self._rate_cost
+        cost, rate = self._cost, self.achieved_rate
         best_k, best_value, expected = 0, 1.0 - rate * cost[1], 1.0
         for k, p in enumerate(probs, start=1):
             expected += p
@@ -335,40 +262,46 @@ class Drafter:
         For a tree draft pass the accepted tokens too, so that only the nodes on
         the accepted branch count as hits.
         """
-        with self._rate_lock:
+        n = len(draft.tokens)
+        step_cost = self._cost[n + 1] if n + 1 < len(self._cost) else self.cost_profile.cost(n + 1)
+        with self._lock:
             # exponentially forgotten sums: the rate follows the workload
             self._rate_tokens = self._rate_tokens * RATE_DECAY + accepted + 1
-            self._rate_cost = self._rate_cost * RATE_DECAY + self._cost_of(len(draft.tokens) + 1)
-        if not draft.tokens or not self.config.calibrate:
+            self._rate_cost = self._rate_cost * RATE_DECAY + step_cost
+            if draft.key is not None:
+                self._prev[draft.key] = accepted if n else -1
+                self._prev.move_to_end(draft.key)
+                if len(self._prev) > MAX_TRACKED_SESSIONS:
+                    self._prev.popitem(last=False)
+        if not n or not self.config.calibrate:
             return
-        depths = _depths(draft.parents)
         if draft.is_path():
-            hit = [i < accepted for i in range(len(draft.tokens))]
+            hits = [i < accepted for i in range(n)]
         else:
-            hit = _on_path(draft, accepted_tokens or [])
-        parent_ok = [p < 0 or hit[p] for p in draft.parents]
+            hits = _on_path(draft, accepted_tokens or [])
         self.calibrator.observe(
-            draft.conds, draft.supports, depths, draft.match_len, parent_ok, hit
+            draft.conds,
+            draft.supports,
+            draft.parents,
+            [SOURCE_IDS[s] for s in draft.sources],
+            draft.match_len,
+            draft.prev,
+            hits,
         )
+
+    def forget_session(self, namespace: str, session_id: str) -> None:
+        with self._lock:
+            self._prev.pop((namespace, session_id), None)
 
 
 def _on_path(draft: Draft, truth: Sequence[int]) -> list[bool]:
+    """Which tree-draft tokens lie on the accepted path (truth = the accepted tokens)."""
     hit = [False] * len(draft.tokens)
+    depth = [0] * len(draft.tokens)
     for i, (tok, parent) in enumerate(zip(draft.tokens, draft.parents, strict=True)):
-        depth = 0 if parent < 0 else None
-        if parent >= 0 and hit[parent]:
-            depth = 0
-            j = parent
-            while j >= 0:
-                depth += 1
-                j = draft.parents[j]
-        if depth is not None and depth < len(truth) and truth[depth] == tok:
-            hit[i] = True
+        if parent >= 0 and not hit[parent]:
+            continue
+        d = 0 if parent < 0 else depth[parent] + 1
+        depth[i] = d
+        hit[i] = d < len(truth) and truth[d] == tok
     return hit
-
-
-def _depths(parents: Sequence[int]) -> list[int]:
-    depths: list[int] = []
-    for parent in parents:
-        depths.append(1 if parent < 0 else depths[parent] + 1)
-    return depths

@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "calibrator.hpp"
 #include "suffix_tree.hpp"
 
 namespace py = pybind11;
@@ -165,6 +166,74 @@ PYBIND11_MODULE(_native, m) {
                 throw py::value_error(e.what());
             }
         });
+
+    // The calibrator's calls are a few microseconds: they keep the GIL, which
+    // also serialises them (no lock needed around the learned tables).
+    py::class_<Calibrator>(m, "Calibrator",
+                           "Online estimate of P(draft token accepted | parent accepted); see calibrator.hpp.")
+        .def(py::init([](double prior_weight, double optimism) {
+                 if (!(prior_weight > 0.0) || prior_weight > 1e6) throw py::value_error("prior_weight must be > 0");
+                 if (!(optimism >= 0.0) || optimism > 100.0) throw py::value_error("optimism must be in [0, 100]");
+                 return Calibrator(prior_weight, optimism);
+             }),
+             py::arg("prior_weight") = 4.0, py::arg("optimism") = 1.0)
+        .def_property_readonly("trials", &Calibrator::trials)
+        .def(
+            "choose",
+            [](const Calibrator& cal, const std::vector<double>& conds, const std::vector<int32_t>& supports,
+               const std::vector<int32_t>& parents, const std::vector<int32_t>& sources, int32_t match_len,
+               int32_t prev, const std::vector<double>& costs, double rate, bool cost_aware) {
+                const size_t n = conds.size();
+                if (supports.size() != n || parents.size() != n || sources.size() != n)
+                    throw py::value_error("draft feature lists differ in length");
+                if (costs.size() < n + 2) throw py::value_error("cost table too short for the draft");
+                std::vector<double> probs(n);
+                std::vector<int32_t> depth(n);
+                for (size_t i = 0; i < n; ++i) {
+                    const int32_t p = parents[i];
+                    if (p >= static_cast<int32_t>(i) || p < -1) throw py::value_error("parents must point backwards");
+                    depth[i] = p < 0 ? 1 : depth[p] + 1;
+                    const double r = cal.estimate({conds[i], supports[i], depth[i], match_len, sources[i], prev});
+                    probs[i] = p < 0 ? r : r * probs[p];
+                }
+                // Prefix maximising expected tokens - rate * cost(prefix + 1) (see drafter.py).
+                size_t keep = n;
+                if (cost_aware) {
+                    keep = 0;
+                    double expected = 1.0, best = 1.0 - rate * costs[1];
+                    for (size_t k = 1; k <= n; ++k) {
+                        expected += probs[k - 1];
+                        const double value = expected - rate * costs[k + 1];
+                        if (value > best) {
+                            best = value;
+                            keep = k;
+                        }
+                    }
+                }
+                return py::make_tuple(probs, keep);
+            },
+            py::arg("conds"), py::arg("supports"), py::arg("parents"), py::arg("sources"), py::arg("match_len"),
+            py::arg("prev"), py::arg("costs"), py::arg("rate"), py::arg("cost_aware") = true,
+            "Cumulative acceptance estimates of a draft and the prefix length worth verifying.")
+        .def(
+            "observe",
+            [](Calibrator& cal, const std::vector<double>& conds, const std::vector<int32_t>& supports,
+               const std::vector<int32_t>& parents, const std::vector<int32_t>& sources, int32_t match_len,
+               int32_t prev, const std::vector<bool>& hits) {
+                const size_t n = conds.size();
+                if (supports.size() != n || parents.size() != n || sources.size() != n || hits.size() != n)
+                    throw py::value_error("draft feature lists differ in length");
+                std::vector<int32_t> depth(n);
+                for (size_t i = 0; i < n; ++i) {
+                    const int32_t p = parents[i];
+                    if (p >= static_cast<int32_t>(i) || p < -1) throw py::value_error("parents must point backwards");
+                    depth[i] = p < 0 ? 1 : depth[p] + 1;
+                    if (p >= 0 && !hits[p]) continue;  // never judged by the verifier
+                    cal.observe({conds[i], supports[i], depth[i], match_len, sources[i], prev}, hits[i]);
+                }
+            },
+            py::arg("conds"), py::arg("supports"), py::arg("parents"), py::arg("sources"), py::arg("match_len"),
+            py::arg("prev"), py::arg("hits"), "Learn from a verified draft: hits[i] = token i was accepted.");
 
     m.def(
         "speculate_multi",

@@ -1,0 +1,77 @@
+#include "calibrator.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace suffixcache {
+
+namespace {
+
+template <size_t N>
+int32_t bucket(double v, const double (&edges)[N]) {
+    for (size_t i = 0; i < N; ++i)
+        if (v <= edges[i]) return static_cast<int32_t>(i);
+    return static_cast<int32_t>(N);
+}
+
+// coarse features
+constexpr double kCond[] = {0.3, 0.6, 0.9, 0.99};         // 5 buckets
+constexpr double kSupport[] = {1, 2, 4, 8, 16};           // 6
+constexpr double kDepth[] = {1, 3, 7};                     // 4
+constexpr double kMatch[] = {2, 5, 10};                    // 4
+// fine features
+constexpr double kCondF[] = {0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 0.99};  // 8
+constexpr double kSupportF[] = {1, 2, 3, 4, 6, 8, 16, 32};          // 9
+constexpr double kDepthF[] = {1, 2, 3, 4, 6, 8, 12};                // 8
+constexpr double kMatchF[] = {1, 2, 3, 4, 6, 8, 12, 16, 24};        // 10
+constexpr double kPrev[] = {-1, 0, 2, 6};                            // 5
+constexpr int32_t kSources = 4;
+
+constexpr int32_t kSizes[Calibrator::kLevels] = {
+    5, 5 * 6, 5 * 6 * 4, 5 * 6 * 4 * 4, 8 * 9 * 8 * 10, 8 * 9 * 8 * 10 * kSources * 5,
+};
+
+}  // namespace
+
+Calibrator::Calibrator(double prior_weight, double optimism) : prior_weight_(prior_weight), optimism_(optimism) {
+    for (int l = 0; l < kLevels; ++l) {
+        hits_[l].assign(kSizes[l], 0.0f);
+        trials_[l].assign(kSizes[l], 0.0f);
+    }
+}
+
+void Calibrator::bins(const TokenFeatures& f, std::array<int32_t, kLevels>* out) const {
+    const int32_t c = bucket(f.cond, kCond), s = bucket(f.support, kSupport), d = bucket(f.depth, kDepth),
+                  m = bucket(f.match_len, kMatch);
+    (*out)[0] = c;
+    (*out)[1] = c * 6 + s;
+    (*out)[2] = (*out)[1] * 4 + d;
+    (*out)[3] = (*out)[2] * 4 + m;
+    const int32_t fine = ((bucket(f.cond, kCondF) * 9 + bucket(f.support, kSupportF)) * 8 + bucket(f.depth, kDepthF)) *
+                             10 +
+                         bucket(f.match_len, kMatchF);
+    (*out)[4] = fine;
+    const int32_t src = std::clamp<int32_t>(f.source, 0, kSources - 1);
+    (*out)[5] = (fine * kSources + src) * 5 + bucket(f.prev, kPrev);
+}
+
+double Calibrator::estimate(const TokenFeatures& f) const {
+    std::array<int32_t, kLevels> b;
+    bins(f, &b);
+    double p = std::clamp(f.cond, 0.0, 1.0);
+    for (int l = 0; l < kLevels; ++l) p = (hits_[l][b[l]] + prior_weight_ * p) / (trials_[l][b[l]] + prior_weight_);
+    const double n = trials_[kLevels - 1][b[kLevels - 1]];
+    return std::min(1.0, p + optimism_ * std::sqrt(p * (1.0 - p) / (n + prior_weight_)));
+}
+
+void Calibrator::observe(const TokenFeatures& f, bool accepted) {
+    std::array<int32_t, kLevels> b;
+    bins(f, &b);
+    for (int l = 0; l < kLevels; ++l) {
+        trials_[l][b[l]] += 1.0f;
+        if (accepted) hits_[l][b[l]] += 1.0f;
+    }
+    total_trials_ += 1.0;
+}
+
+}  // namespace suffixcache

@@ -1,0 +1,57 @@
+// Online estimate of P(draft token accepted | its parent accepted), learned
+// from the verifier's verdicts.
+//
+// A token is described by discrete features: its raw conditional probability
+// under the suffix-tree mixture, the occurrences supporting it, its depth in
+// the draft, the context's match length, its source, and how many tokens the
+// previous step of the same session had accepted. Bins are nested from coarse
+// (raw probability only) to fine (all features); each level's estimate is
+// shrunk towards the coarser level's, so that sparse fine bins borrow strength
+// and well-populated ones speak for themselves:
+//
+//     p_0 = raw probability;  p_l = (hits_l + w * p_{l-1}) / (trials_l + w)
+//
+// Only tokens whose parent was accepted are evidence: the verifier never judged
+// the others, so truncating drafts does not bias the estimate.
+//
+// Thread safety: none inside; the Python layer serialises access.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+namespace suffixcache {
+
+struct TokenFeatures {
+    double cond;       // raw P(token | parent) under the mixture
+    int32_t support;   // occurrences behind the token
+    int32_t depth;     // 1-based depth in the draft
+    int32_t match_len; // longest matched context suffix
+    int32_t source;    // 0 session, 1 global, 2 corpus, 3 other
+    int32_t prev;      // tokens accepted at the session's previous step; -1 = it had no draft
+};
+
+class Calibrator {
+  public:
+    static constexpr int kLevels = 6;
+    explicit Calibrator(double prior_weight = 4.0, double optimism = 1.0);
+
+    // The estimate plus an optimism bonus that shrinks with the evidence in the
+    // token's finest bin (an upper confidence bound). Without it a bin that
+    // started with a few rejections would stop being drafted, and so never be
+    // judged again: drafts that are cut short leave their tail unverified.
+    double estimate(const TokenFeatures& f) const;
+    void observe(const TokenFeatures& f, bool accepted);
+    double trials() const { return total_trials_; }
+
+  private:
+    void bins(const TokenFeatures& f, std::array<int32_t, kLevels>* out) const;
+    double prior_weight_;
+    double optimism_;
+    std::array<std::vector<float>, kLevels> hits_;
+    std::array<std::vector<float>, kLevels> trials_;
+    double total_trials_ = 0.0;
+};
+
+}  // namespace suffixcache
