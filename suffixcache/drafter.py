@@ -10,15 +10,18 @@ proposers). The policy:
    how well each source predicted it. A source that agrees with another adds
    to the draft's confidence instead of being discarded.
 2. Calibration: the count-based probabilities are optimistic (a sequence seen
-   once gives probability 1 to its whole continuation). The drafter learns,
-   online, how often a token with a given raw probability at a given depth was
-   really accepted, and uses that estimate.
+   once gives probability 1 to its whole continuation). A native calibrator
+   (csrc/calibrator.hpp) learns online how often a token with given features
+   (raw probability, support, depth, match length, source, the session's
+   previous acceptance) was really accepted, with an optimism bonus so that
+   bins cut short by earlier decisions keep being explored.
 3. Length: given the verifier's cost profile (cost of checking k tokens
-   relative to one), keep the prefix of the draft that maximises expected
-   tokens per unit of verification cost: (1 + sum of acceptance
-   probabilities) / cost(k + 1). An empty draft (plain decoding) scores 1.
-   With a flat (GPU) profile this drafts long; on a CPU it stops where the
-   marginal token no longer pays for itself.
+   relative to one), keep the prefix k that maximises
+   (1 + expected accepted tokens) - rate * cost(k + 1), where rate is the
+   tokens per unit of cost the drafter already achieves. Maximising that, not
+   each step's own ratio, is what maximises the whole run's tokens per cost
+   (Dinkelbach). With a flat (GPU) profile this drafts long; on a CPU it stops
+   where the marginal token no longer pays for itself.
 """
 
 from __future__ import annotations
