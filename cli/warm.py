@@ -335,6 +335,8 @@ def _print_summary(stats: WarmStats, as_json: bool) -> None:
               help="Seconds of quiet before a burst of changes is applied (--watch).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--batch-chars", default=BATCH_CHARS, hidden=True, type=click.IntRange(1000),
+              help="Characters of text per request (one LMDB transaction each).")
 @connection_options
 def warm(
     corpus_dir: str,
@@ -346,6 +348,7 @@ def warm(
     debounce: float,
     as_json: bool,
     no_progress: bool,
+    batch_chars: int,
     address: str | None,
     socket_path: str | None,
     data_dir: str | None,
@@ -369,7 +372,8 @@ def warm(
         click.echo(f"warning: {msg}", err=True)
 
     warmer = Warmer(client, corpus_dir, namespace, includes, excludes,
-                    [r.strip() for r in roles.split(",") if r.strip()], warn=warn)
+                    [r.strip() for r in roles.split(",") if r.strip()], warn=warn,
+                    batch_chars=batch_chars)
     # SIGTERM (a service manager stopping --watch) ends the command like Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
     watcher = None

@@ -217,3 +217,36 @@ def test_watch_follows_changes_and_deletes(daemon: Any, tmp_path: Path) -> None:
         code = proc.wait(20)
         log.close()
     assert code == 0, (tmp_path / "watch.log").read_text()
+
+
+def test_killed_warm_process_resumes_consistently(daemon: Any, tmp_path: Path) -> None:
+    root = tmp_path / "many"
+    root.mkdir()
+    # Enough work that the warm is still running when it is killed.
+    lines = (Path(__file__).resolve().parents[2] / "shared/data/corpus/sql"
+             / "classical_test_gold.sql")
+    if not lines.exists():
+        lines = Path("/work/shared/data/corpus/sql/classical_test_gold.sql")
+    stmts = lines.read_text().splitlines()
+    n_files = 40
+    per = len(stmts) // n_files
+    for i in range(n_files):
+        (root / f"f{i:03d}.sql").write_text("\n".join(stmts[i * per : (i + 1) * per]) + "\n")
+    ns = "killed"
+    cmd = [sys.executable, "-m", "suffixd.cli.main", "warm", "--corpus", str(root), "-n", ns,
+           "--no-progress", "--batch-chars", "5000",  # many small transactions
+           "--socket", daemon.proc.socket.removeprefix("unix:")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for(lambda: len(list_files(daemon, ns)) >= 2, timeout=60, what="first files")
+    proc.kill()
+    proc.wait(10)
+    done_before = sum(f.complete for f in list_files(daemon, ns).values())
+    assert done_before < n_files, "the warm finished before it could be interrupted"
+
+    s = run_warm(daemon, "--corpus", str(root), "-n", ns)
+    assert s["unchanged"] == done_before and s["warmed"] == n_files - done_before, s
+    files = list_files(daemon, ns)
+    assert len(files) == n_files and all(f.complete for f in files.values())
+    assert sum(f.sequences for f in files.values()) == per * n_files
+    corpus = daemon.stats(ns)["namespaces"][0]["corpus"]
+    assert int(corpus["sequences"]) == per * n_files
