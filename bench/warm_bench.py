@@ -157,6 +157,8 @@ def main() -> None:
             "daemon_rss_mib_after_warm": round(rss),
             "cpus": os.cpu_count(),
         }
+        result["daemon_log"] = [ln for ln in (tmp / "daemon.log").read_text().splitlines()
+                                if "corpus.warm" in ln]
         if args.components:
             result["components"] = components(corpus, args.roles)
         print(json.dumps(result, indent=2))
