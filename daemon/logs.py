@@ -21,15 +21,20 @@ import sys
 import time
 from typing import IO, Any
 
-_FIELDS = "suffixd_fields"
 # LogRecord attributes that are not user fields (anything else set via `extra` is one).
 _STD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
 
 def event(logger: logging.Logger, name: str, level: int = logging.INFO, **fields: Any) -> None:
-    """Log one event with structured fields."""
+    """Log one event with structured fields.
+
+    Fields become plain attributes of the record (``extra``), which is what any
+    structured formatter renders, including the daemon's own; names that clash
+    with LogRecord attributes get a ``field_`` prefix instead of raising.
+    """
     if logger.isEnabledFor(level):
-        logger.log(level, name, extra={_FIELDS: fields}, stacklevel=2)
+        extra = {(f"field_{k}" if k in _STD else k): v for k, v in fields.items()}
+        logger.log(level, name, extra=extra, stacklevel=2)
 
 
 def _timestamp(created: float) -> str:
@@ -38,11 +43,7 @@ def _timestamp(created: float) -> str:
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    fields = dict(getattr(record, _FIELDS, None) or {})
-    for k, v in record.__dict__.items():
-        if k not in _STD and k != _FIELDS and not k.startswith("_"):
-            fields.setdefault(k, v)
-    return fields
+    return {k: v for k, v in record.__dict__.items() if k not in _STD and not k.startswith("_")}
 
 
 def _plain(value: Any) -> str:

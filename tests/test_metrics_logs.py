@@ -9,6 +9,7 @@ import logging
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from suffixd.daemon.logs import _STD as RECORD_ATTRS
 from suffixd.daemon.logs import configure, event
 
 
@@ -83,5 +84,6 @@ def test_any_fields_stay_one_parseable_line(fields: dict[str, object], name: str
             obj = json.loads(out)
             assert obj["event"] == name
             for k, v in fields.items():
-                key = k if k not in ("ts", "level", "logger", "event") else f"field_{k}"
+                clash = k in RECORD_ATTRS or k in ("ts", "level", "logger", "event")
+                key = f"field_{k}" if clash else k
                 assert obj[key] == v
