@@ -35,6 +35,9 @@ import click
 @click.option("--max-message-bytes", type=int, default=16 << 20, show_default=True)
 @click.option("--metrics-addr", default=None, metavar="HOST:PORT",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9464).")
+@click.option("--rebuild", type=click.Choice(["background", "blocking"]), default="background",
+              show_default=True,
+              help="After a restart, rebuild the trees from LMDB while serving, or before.")
 @click.option("--log-json", is_flag=True, help="One JSON object per log line.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
@@ -55,6 +58,7 @@ def serve(
     max_tokens_per_call: int,
     max_message_bytes: int,
     metrics_addr: str | None,
+    rebuild: str,
     log_json: bool,
     log_level: str,
     no_sync: bool,

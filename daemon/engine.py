@@ -31,6 +31,10 @@ Python API used by the servicers and by the other daemon modules (verifier, corp
   ``corpus_document(ns, doc_key)`` (stored record, e.g. its hash), ``corpus_documents(ns)``,
   ``record_document_accept(ns, doc_key, n)``
 * ``stats(ns=None, session_id=None, include_sessions=False, top_documents=10)`` -> dict
+* restart: sessions and counters are loaded in the constructor; the global and corpus
+  trees too, or with ``background_rebuild=True`` (what `suffixd serve` does) in a thread
+  while the daemon already serves (``engine.rebuilding`` / Info.rebuilding tell; drafts
+  from those trees fill in as it proceeds; ingest is durable throughout).
 
 Locking (explicit; a lock is never held across another session's work):
 
@@ -45,7 +49,10 @@ Locking (explicit; a lock is never held across another session's work):
   flushed to LMDB by a background thread every ``counter_flush_s`` and on close.
 * SuffixCache is thread-safe on its own (one lock per tree, native work without the GIL);
   Store is thread-safe (one writer thread; group commit).
-* Lock order: session locks (sorted) -> ``_lock`` -> ``_ctr_lock``. The store and the cache
+* ``self._rebuild_lock`` pairs a background rebuild's "add" with live removals, so a
+  sequence removed while the rebuild runs is never resurrected.
+* Lock order: session locks (sorted) -> ``_lock`` -> ``_ctr_lock``; ``_rebuild_lock`` is
+  taken with nothing but session locks held and only around tree calls. The store and the cache
   are called with at most session locks held.
 """
 
@@ -182,6 +189,7 @@ class Engine:
         sync: bool = True,
         counter_flush_s: float = 1.0,
         reaper_interval_s: float | None = None,
+        background_rebuild: bool = False,
     ) -> None:
         from suffixcache import CostProfile, DraftConfig, Drafter, SuffixCache
 
@@ -241,11 +249,13 @@ class Engine:
         self._corpus_docs: dict[tuple[str, int], str] = {}
         self.rebuild_seconds = 0.0
         self.rebuild_tokens = 0
-
-        self._rebuild()
-
+        self.rebuilding = False
+        self._rebuild_lock = threading.Lock()
+        self._removed_during_rebuild: set[int] = set()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+
+        self._rebuild(background_rebuild)
         self._counter_flush_s = counter_flush_s
         self._spawn(self._flush_loop, "suffixd-counter-flush")
         ttl = self.limits.session_idle_timeout_s
@@ -281,20 +291,11 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _rebuild(self) -> None:
-        """Load the trees from LMDB (sequences in insertion order, then open sessions)."""
+    def _rebuild(self, background: bool) -> None:
+        """Load the state from LMDB: sessions and counters now; the global and corpus trees
+        now or (``background``) in a thread while the daemon already serves."""
         t0 = time.perf_counter()
         n_tokens = 0
-        evicted: list[int] = []
-        for rec in self.store.iter_sequences():
-            ns, toks = rec["ns"], rec["tokens"]
-            n_tokens += len(toks)
-            if rec["kind"] == "response":
-                evicted.extend(self.cache.add_response(ns, rec["id"], toks))
-            elif rec["kind"] == "corpus":
-                self.cache.add_corpus(ns, rec["id"], toks)
-                if rec.get("doc") is not None:
-                    self._corpus_docs[(ns, rec["id"])] = rec["doc"]
         for srec in self.store.iter_sessions():
             ns, sid = srec["ns"], srec["id"]
             toks = self.store.session_tokens(ns, sid)
@@ -311,15 +312,56 @@ class Engine:
             self._counters[(ns, sid)] = base
             if docs:
                 self._docs_accepted[ns] = {str(k): int(v) for k, v in docs.items()}
+        self.rebuild_tokens = n_tokens
+        # Sequences written from now on go to the trees directly; the rebuild stops here.
+        last_id = int(self.store.get_meta("next_seq", 1)) - 1
+        self.rebuilding = True
+        if background:
+            self._spawn(lambda: self._rebuild_sequences(last_id, t0), "suffixd-rebuild")
+        else:
+            self._rebuild_sequences(last_id, t0)
+
+    def _rebuild_sequences(self, last_id: int, t0: float) -> None:
+        evicted: list[int] = []
+        for rec in self.store.iter_sequences():
+            if rec["id"] > last_id or self._stop.is_set():
+                break
+            ns, toks = rec["ns"], rec["tokens"]
+            with self._rebuild_lock:
+                # Removed (session closed without keeping responses, corpus document
+                # replaced) after this record was read: do not resurrect it.
+                if rec["id"] in self._removed_during_rebuild:
+                    continue
+                if rec["kind"] == "response":
+                    evicted.extend(self.cache.add_response(ns, rec["id"], toks))
+                elif rec["kind"] == "corpus":
+                    self.cache.add_corpus(ns, rec["id"], toks)
+                    if rec.get("doc") is not None:
+                        self._corpus_docs[(ns, rec["id"])] = rec["doc"]
+            self.rebuild_tokens += len(toks)
         if evicted:
             self._delete_sequences(evicted)
+        with self._rebuild_lock:
+            self.rebuilding = False
+            self._removed_during_rebuild.clear()
         self.rebuild_seconds = time.perf_counter() - t0
-        self.rebuild_tokens = n_tokens
         log.info(
             "rebuilt trees from LMDB",
-            extra={"tokens": n_tokens, "seconds": round(self.rebuild_seconds, 3),
+            extra={"tokens": self.rebuild_tokens, "seconds": round(self.rebuild_seconds, 3),
                    "sessions": len(self._sessions)},
         )
+
+    def _remove_from_trees(self, ns: str, kind: str, seq_ids: Iterable[int]) -> None:
+        """Remove sequences from the trees, also from a rebuild still in progress."""
+        with self._rebuild_lock:
+            for seq in seq_ids:
+                if self.rebuilding:
+                    self._removed_during_rebuild.add(seq)
+                if kind == "corpus":
+                    self.cache.remove_corpus(ns, seq)
+                    self._corpus_docs.pop((ns, seq), None)
+                else:
+                    self.cache.remove_response(ns, seq)
 
     # ------------------------------------------------------------------ validation
     def _check_name(self, what: str, value: str, *, allow_empty: bool = False) -> None:
@@ -407,6 +449,7 @@ class Engine:
             "services": list(self.extra_services),
             "rebuild_seconds": self.rebuild_seconds,
             "rebuild_tokens": self.rebuild_tokens,
+            "rebuilding": self.rebuilding,
         }
 
     # ------------------------------------------------------------------ sessions
@@ -519,8 +562,7 @@ class Engine:
             for seq in pending_seq:
                 self._delete_sequences(self.cache.add_response(ns, seq, pending))
         else:
-            for seq in responses:
-                self.cache.remove_response(ns, seq)
+            self._remove_from_trees(ns, "response", responses)
         kept = len(responses) + len(pending_seq) if keep_responses else 0
         return {"tokens": int(sess.rec.get("tokens", 0)), "responses_kept": kept}
 
@@ -951,9 +993,7 @@ class Engine:
             return ids
 
         ids: list[int] = self.store.write(write)
-        for s in old:
-            self.cache.remove_corpus(ns, s)
-            self._corpus_docs.pop((ns, s), None)
+        self._remove_from_trees(ns, "corpus", old)
         for seq, toks in zip(ids, [s for s in seqs if s], strict=True):
             self.cache.add_corpus(ns, seq, toks)
             self._corpus_docs[(ns, seq)] = doc_key
@@ -975,9 +1015,7 @@ class Engine:
             return True
 
         found: bool = self.store.write(write)
-        for s in old:
-            self.cache.remove_corpus(ns, s)
-            self._corpus_docs.pop((ns, s), None)
+        self._remove_from_trees(ns, "corpus", old)
         return found
 
     def corpus_document(self, ns: str, doc_key: str) -> dict[str, Any] | None:

@@ -71,6 +71,7 @@ class ServeConfig:
     limits: Limits = field(default_factory=Limits)
     cache: CacheConfig = field(default_factory=CacheConfig)
     sync: bool = True
+    background_rebuild: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # options for extra services
 
 
@@ -286,7 +287,8 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
         t0 = time.perf_counter()
         try:
             engine = Engine(cfg.data_dir, model_path=cfg.model, limits=cfg.limits,
-                            cache_config=cfg.cache, sync=cfg.sync)
+                            cache_config=cfg.cache, sync=cfg.sync,
+                            background_rebuild=cfg.background_rebuild)
         except TokenizerMismatchError as exc:
             raise ServeError(str(exc)) from None
         except FileNotFoundError as exc:

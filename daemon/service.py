@@ -147,6 +147,9 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
                 max_draft_tokens=lim.max_draft_tokens,
             ),
             services=i["services"],
+            rebuilding=i["rebuilding"],
+            rebuild_tokens=i["rebuild_tokens"],
+            rebuild_seconds=i["rebuild_seconds"],
         )
 
     @rpc

@@ -82,12 +82,17 @@ class DaemonProcess:
         assert self.proc is not None
         return self.proc.wait(timeout)
 
-    def client(self, target: str | None = None, **kwargs: Any) -> Any:
+    def client(self, target: str | None = None, wait_rebuilt: bool = True, **kwargs: Any) -> Any:
+        """A connected Client; by default once the trees are rebuilt from LMDB (after a
+        restart the daemon serves at once and rebuilds in the background)."""
         from suffixd.client import Client
 
         c = Client(target or self.socket, **kwargs)
         if "token" in kwargs or target is None or target.startswith("unix:"):
             c.wait_ready()
+            deadline = time.monotonic() + 120
+            while wait_rebuilt and c.info().get("rebuilding") and time.monotonic() < deadline:
+                time.sleep(0.05)
         return c
 
     def kill9(self) -> None:

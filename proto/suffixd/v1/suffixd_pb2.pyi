@@ -45,7 +45,7 @@ class Limits(_message.Message):
     def __init__(self, max_message_bytes: _Optional[int] = ..., max_tokens_per_call: _Optional[int] = ..., max_sessions_per_namespace: _Optional[int] = ..., session_idle_timeout_s: _Optional[float] = ..., max_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("version", "model_path", "vocab_size", "tokenizer_fingerprint", "data_dir", "limits", "services")
+    __slots__ = ("version", "model_path", "vocab_size", "tokenizer_fingerprint", "data_dir", "limits", "services", "rebuilding", "rebuild_tokens", "rebuild_seconds")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,9 @@ class InfoResponse(_message.Message):
     DATA_DIR_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     SERVICES_FIELD_NUMBER: _ClassVar[int]
+    REBUILDING_FIELD_NUMBER: _ClassVar[int]
+    REBUILD_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REBUILD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     version: str
     model_path: str
     vocab_size: int
@@ -60,7 +63,10 @@ class InfoResponse(_message.Message):
     data_dir: str
     limits: Limits
     services: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, version: _Optional[str] = ..., model_path: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., data_dir: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., services: _Optional[_Iterable[str]] = ...) -> None: ...
+    rebuilding: bool
+    rebuild_tokens: int
+    rebuild_seconds: float
+    def __init__(self, version: _Optional[str] = ..., model_path: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., data_dir: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., services: _Optional[_Iterable[str]] = ..., rebuilding: _Optional[bool] = ..., rebuild_tokens: _Optional[int] = ..., rebuild_seconds: _Optional[float] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text",)
