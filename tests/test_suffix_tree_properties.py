@@ -190,3 +190,30 @@ def test_numpy_and_array_inputs() -> None:
     tree.extend(1, array.array("i", [1, 2, 3]))
     assert tree.count([1, 2]) == 3
     assert tree.speculate(np.array([1, 2]), min_token_prob=0.0)["tokens"][0] == 3
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    depth=st.integers(2, 12),
+    chunks=st.lists(
+        st.tuples(st.integers(0, 2), st.lists(st.integers(0, 2), min_size=1, max_size=40)),
+        min_size=1,
+        max_size=12,
+    ),
+)
+def test_interleaved_long_extends_match_reference(depth: int, chunks: list) -> None:
+    # Long extends make leaves grow in place across many tokens ("open" leaves),
+    # interleaving sequences makes other sequences split them.
+    tree, ref = SuffixTree(depth), RefTree(depth)
+    for seq, toks in chunks:
+        tree.extend(seq, toks)
+        ref.extend(seq, toks)
+        tree.check_integrity()
+    for pat in ref.counts:
+        assert tree.count(list(pat)) == ref.counts[pat]
+    for seq in list(ref.seqs):
+        tree.remove(seq)
+        ref.remove(seq)
+        tree.check_integrity()
+        for pat in ref.counts:
+            assert tree.count(list(pat)) == ref.counts[pat]

@@ -197,7 +197,22 @@ NodeId SuffixTree::split_first(NodeId child) {
     return mid;
 }
 
-void SuffixTree::append_token(int32_t slot, Token token) {
+void SuffixTree::materialise(NodeId id) {
+    Node& n = nodes_[id];
+    if (!n.open) return;
+    const int32_t delta = static_cast<int32_t>(slots_[n.ref_seq].tokens.size()) - n.ref_end;
+    n.len += delta;
+    n.depth += delta;
+    n.ref_end += delta;
+}
+
+// Appends one token to sequence `slot`: every suffix ending at the previous
+// token (its "active" nodes, shortest first) is extended by it. Suffixes that
+// run through text nobody else shares end in leaves of count 1 that grow with
+// the sequence; those are kept "open" (see Node::open) and cost nothing per
+// token, so the work per token is the number of suffixes still inside shared
+// structure, not max_depth.
+void SuffixTree::append_token(int32_t slot, Token token, std::vector<NodeId>& open) {
     // Index, not reference: new_node() may reallocate nodes_, and only slot's
     // own vector grows here.
     const int32_t n = static_cast<int32_t>(slots_[slot].tokens.size());
@@ -205,26 +220,32 @@ void SuffixTree::append_token(int32_t slot, Token token) {
     std::vector<NodeId> next;
     next.reserve(slots_[slot].active.size() + 1);
     next.push_back(kRoot);
+    size_t newly_open = 0;
     for (NodeId a : slots_[slot].active) {
         NodeId result;
         Node& an = nodes_[a];
         if (a != kRoot && an.first_child == kNoNode && an.count == 1) {
             // The only occurrence of this leaf is ours and it ends at our last
-            // token: grow the edge instead of adding a node.
+            // token: from now on it grows with the sequence (and so do all
+            // longer suffixes, which are leaves of count 1 too).
             if (an.ref_seq != slot) set_ref(a, slot, n);
-            Node& grown = nodes_[a];
-            grown.ref_end = n + 1;
-            grown.len += 1;
-            grown.depth += 1;
-            result = a;
-        } else if (a != kRoot && an.first_child != kNoNode && nodes_[an.first_child].next_sibling == kNoNode &&
-                   nodes_[an.first_child].token == token && nodes_[an.first_child].len > 1 &&
-                   an.count == nodes_[an.first_child].count + 1) {
+            nodes_[a].open = true;
+            open.insert(open.begin() + static_cast<std::ptrdiff_t>(newly_open++), a);
+            continue;
+        }
+        NodeId only = kNoNode;  // a's only child, if it has exactly one
+        if (a != kRoot && an.first_child != kNoNode && nodes_[an.first_child].next_sibling == kNoNode) {
+            only = an.first_child;
+            materialise(only);
+        }
+        if (only != kNoNode && nodes_[only].token == token && an.count == nodes_[only].count + 1 &&
+            nodes_[only].len > 1) {
             // Our occurrence is the only one ending at a (count = child's + 1) and it
             // continues into a's only child: move a's end one token down that edge
             // instead of splitting it, which would leave a chain of one-token nodes
             // with equal counts behind every shared stretch.
-            NodeId c = an.first_child;
+            Node& an2 = nodes_[a];
+            NodeId c = an2.first_child;
             Node& cn = nodes_[c];
             const int32_t slot_c = cn.ref_seq;
             const int32_t new_end = cn.ref_end - cn.len + 1;
@@ -250,6 +271,7 @@ void SuffixTree::append_token(int32_t slot, Token token) {
                 children_.insert(a, token, c);
                 set_ref(c, slot, n + 1);
             } else {
+                materialise(c);
                 if (nodes_[c].len > 1) c = split_first(c);
                 nodes_[c].count += 1;
             }
@@ -259,6 +281,15 @@ void SuffixTree::append_token(int32_t slot, Token token) {
             result = c;
         }
         if (nodes_[result].depth < max_depth_) next.push_back(result);
+    }
+    // The longest open leaf may now reach max_depth: it stops growing.
+    if (!open.empty()) {
+        NodeId longest = open.back();
+        materialise(longest);
+        if (nodes_[longest].depth >= max_depth_) {
+            nodes_[longest].open = false;
+            open.pop_back();
+        }
     }
     slots_[slot].active.swap(next);
 }
@@ -286,7 +317,16 @@ void SuffixTree::extend(int64_t seq_id, const std::vector<Token>& tokens) {
     if (slots_[slot].tokens.size() + tokens.size() >= static_cast<size_t>(INT32_MAX))
         throw std::length_error("sequence too long");
     slots_[slot].tokens.reserve(slots_[slot].tokens.size() + tokens.size());
-    for (Token t : tokens) append_token(slot, t);
+    std::vector<NodeId> open;
+    for (Token t : tokens) append_token(slot, t, open);
+    // Between calls every node is explicit: catch the open leaves up and hand
+    // them back to the active list (they are its longest suffixes).
+    std::vector<NodeId>& active = slots_[slot].active;
+    for (NodeId leaf : open) {
+        materialise(leaf);
+        nodes_[leaf].open = false;
+        active.push_back(leaf);
+    }
     live_tokens_ += static_cast<int64_t>(tokens.size());
 }
 
@@ -456,6 +496,7 @@ void SuffixTree::check_integrity() const {
             ++refs[n.ref_seq];
             if (edge_token(id, 0) != n.token) fail(where.str() + "token differs from edge label");
             if (children_.find(n.parent, n.token) != id) fail(where.str() + "child map disagrees");
+            if (n.open) fail(where.str() + "left open after extend");
         }
         int64_t kids = 0;
         NodeId prev = kNoNode;

@@ -52,6 +52,10 @@ struct Node {
     int32_t depth = 0;            // length of the string from the root to this node's end
     int32_t ref_seq = -1;         // sequence slot holding the edge label
     int32_t ref_end = 0;          // edge label = slot tokens [ref_end - len, ref_end)
+    // Only inside extend(): a leaf that grows with its sequence without being
+    // touched per token; len, depth and ref_end lag behind by (sequence length -
+    // ref_end) until materialise() catches them up. Never set between calls.
+    bool open = false;
 };
 
 // Open-addressing map (parent, token) -> child, linear probing with
@@ -159,7 +163,9 @@ class SuffixTree {
     void set_ref(NodeId id, int32_t slot, int32_t end);
     void release_slot_ref(int32_t slot);
     NodeId split_first(NodeId child);  // splits one token off the top of child's edge
-    void append_token(int32_t slot, Token token);
+    // One token of extend(); `open` holds the sequence's open leaves (longest last).
+    void append_token(int32_t slot, Token token, std::vector<NodeId>& open);
+    void materialise(NodeId id);
 
     int max_depth_;
     std::vector<Node> nodes_;
