@@ -92,6 +92,21 @@ def load_turns(workload: str, limit: int) -> list[tuple[list[int], list[int]]]:
     return turns
 
 
+def load_responses(workloads: list[str]) -> list[list[int]]:
+    """Every assistant message of the workloads, tokenized (replay protocol)."""
+    from suffixd.daemon.model import Tokenizer, embedded_model_path
+
+    tok = Tokenizer(embedded_model_path())
+    out: list[list[int]] = []
+    for w in workloads:
+        with open(DATA / "workloads" / f"{w}.jsonl") as f:
+            for line in f:
+                for m in json.loads(line)["messages"]:
+                    if m["role"] == "assistant":
+                        out.append(tok.tokenize(m["content"]))
+    return out
+
+
 # ----------------------------------------------------------------------------- rpc
 def _client_loop(target: str, turns: list[tuple[list[int], list[int]]], seconds: float,
                  idx: int, out: dict[str, Any], start_at: float, combined: bool) -> None:
@@ -210,53 +225,63 @@ def bench_rpc(clients: int, seconds: float, procs: int, turns_n: int, extra: lis
 
 
 # ----------------------------------------------------------------------------- restart
-def _ingest(target: str, seqs: list[list[int]], batch_tokens: int) -> tuple[int, float]:
+def _ingest(target: str, seqs: list[list[int]], batch_tokens: int,
+            per_session: int = 40) -> tuple[int, float]:
+    """Ingest responses as agents do: sessions of ``per_session`` responses each, closed
+    (responses kept in the global tree) when done; one durable AppendBatch per batch."""
     from suffixd.client import Client
 
     c = Client(target, timeout=600)
-    sid = c.open_session("restart", "ingest").session_id
     t0 = time.perf_counter()
     n = 0
-    batch: list[tuple[str, str, str, list[int]]] = []
-    size = 0
-    for s in seqs:
-        batch.append(("restart", sid, "response", s))
-        size += len(s)
-        if size >= batch_tokens:
+    for first in range(0, len(seqs), per_session):
+        sid = c.open_session("restart").session_id
+        batch: list[tuple[str, str, str, list[int]]] = []
+        size = 0
+        for s in seqs[first: first + per_session]:
+            batch.append(("restart", sid, "response", s))
+            size += len(s)
+            if size >= batch_tokens:
+                n += c.append_batch(batch)["tokens"]
+                batch, size = [], 0
+        if batch:
             n += c.append_batch(batch)["tokens"]
-            batch, size = [], 0
-    if batch:
-        n += c.append_batch(batch)["tokens"]
+        c.close_session("restart", sid)
     dt = time.perf_counter() - t0
-    c.close_session("restart", sid)
     c.close()
     return n, dt
 
 
 def bench_restart(tokens: int, batch_tokens: int) -> None:
-    turns = load_turns("swe_django", 10**9)
+    responses = load_responses(["swe_django", "spider_dev"])
     seqs: list[list[int]] = []
     total = 0
-    for _, r in turns:  # the agent's own responses, repeated if the workload is short
-        seqs.append(r)
-        total += len(r)
-        if total >= tokens:
-            break
-    while total < tokens:
-        seqs.extend(seqs[: len(seqs)])
-        total = sum(map(len, seqs))
+    while total < tokens:  # the agents' own responses, repeated if the workloads are short
+        for r in responses:
+            r = r[: tokens - total]
+            seqs.append(r)
+            total += len(r)
+            if total >= tokens:
+                break
     budget = str(int(total * 1.2))
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "data"
         proc, target, first_start = start_daemon(data_dir, "--global-budget-tokens", budget)
         n, dt = _ingest(target, seqs, batch_tokens)
         stop_daemon(proc)
+        t0 = time.perf_counter()
         proc, target, restart = start_daemon(data_dir, "--global-budget-tokens", budget)
         from suffixd.client import Client
 
         c = Client(target)
+        while c.info()["rebuilding"]:
+            time.sleep(0.05)
+        rebuilt = time.perf_counter() - t0
         st = c.stats("restart")["namespaces"][0]
         c.close()
+        stop_daemon(proc)
+        proc, target, restart_blocking = start_daemon(data_dir, "--global-budget-tokens", budget,
+                                                      "--rebuild", "blocking")
         stop_daemon(proc)
         proc, target, restart_kill = start_daemon(data_dir, "--global-budget-tokens", budget)
         proc.send_signal(signal.SIGKILL)
@@ -269,7 +294,9 @@ def bench_restart(tokens: int, batch_tokens: int) -> None:
         "bench": "restart", "tokens": n, "sequences": len(seqs),
         "durable_ingest_tok_s": round(n / dt), "ingest_s": round(dt, 2),
         "batch_tokens": batch_tokens,
-        "empty_start_s": round(first_start, 2), "restart_s": round(restart, 2),
+        "empty_start_s": round(first_start, 2), "restart_serving_s": round(restart, 2),
+        "restart_trees_rebuilt_s": round(rebuilt, 2),
+        "restart_blocking_rebuild_s": round(restart_blocking, 2),
         "restart_after_kill9_s": round(restart_after_kill9, 2),
         "global_tree_tokens": st["global"]["tokens"], "global_tree_bytes": st["global"]["bytes"],
         "lmdb_bytes": store_bytes,
