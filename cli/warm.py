@@ -375,7 +375,7 @@ def warm(
                     [r.strip() for r in roles.split(",") if r.strip()], warn=warn,
                     batch_chars=batch_chars)
     # SIGTERM (a service manager stopping --watch) ends the command like Ctrl-C does.
-    signal.signal(signal.SIGTERM, _interrupt)
+    old_handler = signal.signal(signal.SIGTERM, _interrupt) if watch else None
     watcher = None
     watching = False
     try:
@@ -429,4 +429,6 @@ def warm(
         if watcher is not None:
             with contextlib.suppress(Exception):
                 watcher.stop()
+        if old_handler is not None:
+            signal.signal(signal.SIGTERM, old_handler)
         client.close()
