@@ -87,6 +87,7 @@ def serve(
         ),
         cache=CacheConfig(global_budget_tokens=global_budget_tokens),
         sync=not no_sync,
+        background_rebuild=rebuild == "background",
         extra={"metrics_addr": metrics_addr} if metrics_addr else {},
     )
     try:
