@@ -30,6 +30,7 @@ Python API used by the servicers and by the other daemon modules (verifier, corp
   (replaces an existing document), ``remove_corpus_document(ns, doc_key)``,
   ``corpus_document(ns, doc_key)`` (stored record, e.g. its hash), ``corpus_documents(ns)``,
   ``record_document_accept(ns, doc_key, n)``
+* ``remove_from_trees(ns, kind, seq_ids)``: after deleting sequences from the store
 * ``stats(ns=None, session_id=None, include_sessions=False, top_documents=10)`` -> dict
 * restart: sessions and counters are loaded in the constructor; the global and corpus
   trees too, or with ``background_rebuild=True`` (what `suffixd serve` does) in a thread
@@ -351,8 +352,10 @@ class Engine:
                    "sessions": len(self._sessions)},
         )
 
-    def _remove_from_trees(self, ns: str, kind: str, seq_ids: Iterable[int]) -> None:
-        """Remove sequences from the trees, also from a rebuild still in progress."""
+    def remove_from_trees(self, ns: str, kind: str, seq_ids: Iterable[int]) -> None:
+        """Remove sequences (kind "response" or "corpus") from the trees, also from a
+        background rebuild still in progress (which would otherwise re-add them). Modules
+        that delete sequences from the store themselves must remove them with this."""
         with self._rebuild_lock:
             for seq in seq_ids:
                 if self.rebuilding:
@@ -562,7 +565,7 @@ class Engine:
             for seq in pending_seq:
                 self._delete_sequences(self.cache.add_response(ns, seq, pending))
         else:
-            self._remove_from_trees(ns, "response", responses)
+            self.remove_from_trees(ns, "response", responses)
         kept = len(responses) + len(pending_seq) if keep_responses else 0
         return {"tokens": int(sess.rec.get("tokens", 0)), "responses_kept": kept}
 
@@ -993,7 +996,7 @@ class Engine:
             return ids
 
         ids: list[int] = self.store.write(write)
-        self._remove_from_trees(ns, "corpus", old)
+        self.remove_from_trees(ns, "corpus", old)
         for seq, toks in zip(ids, [s for s in seqs if s], strict=True):
             self.cache.add_corpus(ns, seq, toks)
             self._corpus_docs[(ns, seq)] = doc_key
@@ -1015,7 +1018,7 @@ class Engine:
             return True
 
         found: bool = self.store.write(write)
-        self._remove_from_trees(ns, "corpus", old)
+        self.remove_from_trees(ns, "corpus", old)
         return found
 
     def corpus_document(self, ns: str, doc_key: str) -> dict[str, Any] | None:
