@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import stat
 import subprocess
 import sys
@@ -347,3 +348,20 @@ def test_step_appends_and_drafts_in_one_round_trip(daemon: Client) -> None:
         assert c["steps"] == 2 and c["draft_tokens_accepted"] == 4
     with pytest.raises(InvalidArgumentError, match="needs a session"):
         daemon.step("step", "", [1])
+
+
+@pytest.mark.skipif(not shutil.which("openssl"), reason="needs the openssl command")
+def test_tls_with_bearer_token(daemon_factory: Any, tmp_path: Path) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    proc = daemon_factory(args=["--listen", "127.0.0.1:0", "--tls-cert", str(cert),
+                                "--tls-key", str(key)], env={"SUFFIXD_AUTH_TOKEN": "tok"})
+    c = proc.client(proc.tcp, token="tok", root_certificates=cert.read_bytes())
+    assert c.info()["vocab_size"] == 262144
+    with pytest.raises(UnauthenticatedError):
+        Client(proc.tcp, retries=0, root_certificates=cert.read_bytes()).info()
+    plain = Client(proc.tcp, token="tok", retries=0, timeout=3)  # no TLS: refused
+    with pytest.raises(Exception):  # noqa: B017 - UNAVAILABLE or a handshake error
+        plain.info()
