@@ -237,3 +237,72 @@ def _print_table(workload: str, results: dict[str, dict]) -> None:
             v = results[n][key]
             row += f"{v:14.3f}" if isinstance(v, float) else f"{v:14d}"
         click.echo(row)
+
+
+@bench.command("tree")
+@click.argument("workload", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--tokenizer",
+    "tokenizer_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="GGUF whose vocabulary tokenizes the workload.",
+)
+@click.option("--max-depth", default=64, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--sessions", "limit_sessions", type=click.IntRange(1), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def tree_cmd(
+    workload: Path,
+    tokenizer_path: Path | None,
+    max_depth: int,
+    limit_sessions: int | None,
+    as_json: bool,
+) -> None:
+    """Native tree alone: bulk insert, speculate and remove over a workload's responses."""
+    import random
+    import time
+
+    from suffixd.daemon.model import Tokenizer, resolve_model_path
+
+    from suffixcache import SuffixTree
+
+    tokenizer = Tokenizer(resolve_model_path(tokenizer_path))
+    sessions = load_workload(workload, tokenizer, limit_sessions)
+    seqs = [m.content for s in sessions for m in s.messages if m.role == "assistant" and m.content]
+    n_tokens = sum(len(q) for q in seqs)
+    if not n_tokens:
+        raise click.ClickException("the workload has no assistant turns")
+    tree = SuffixTree(max_depth)
+    t0 = time.perf_counter()
+    for i, q in enumerate(seqs):
+        tree.extend(i, q)
+    insert_s = time.perf_counter() - t0
+    rng = random.Random(0)
+    probes = []
+    for _ in range(2000):
+        q = seqs[rng.randrange(len(seqs))]
+        cut = rng.randrange(1, len(q) + 1)
+        probes.append(q[max(0, cut - 32) : cut])
+    t0 = time.perf_counter()
+    for ctx in probes:
+        tree.speculate(ctx, max_tokens=32, max_match=32)
+    spec_s = time.perf_counter() - t0
+    figures = {
+        "workload": workload.name,
+        "sequences": len(seqs),
+        "tokens": n_tokens,
+        "nodes_per_token": tree.num_nodes / n_tokens,
+        "bytes_per_token": tree.memory_bytes / n_tokens,
+        "insert_us_per_token": insert_s / n_tokens * 1e6,
+        "speculate_us_per_call": spec_s / len(probes) * 1e6,
+    }
+    half = seqs[::2]
+    t0 = time.perf_counter()
+    for i in range(0, len(seqs), 2):
+        tree.remove(i)
+    figures["remove_us_per_token"] = (time.perf_counter() - t0) / sum(map(len, half)) * 1e6
+    if as_json:
+        click.echo(json.dumps(figures))
+        return
+    for key, value in figures.items():
+        click.echo(f"{key:24s} {value:.3f}" if isinstance(value, float) else f"{key:24s} {value}")
