@@ -114,3 +114,28 @@ def test_bench_replay_rejects_bad_input(tmp_path: Path) -> None:
         timeout=300,
     )
     assert out.returncode != 0 and "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(not SPIDER.exists(), reason="shared data not present")
+def test_bench_tree_cli_reports_native_figures() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "suffixd.cli.main",
+            "bench",
+            "tree",
+            str(SPIDER),
+            "--sessions",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    data = json.loads(out.stdout)
+    assert data["tokens"] > 0 and data["sequences"] > 0
+    assert 1.0 <= data["nodes_per_token"] <= 2.5  # path compression: O(1) nodes per token
+    assert data["insert_us_per_token"] > 0 and data["speculate_us_per_call"] > 0
