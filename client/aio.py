@@ -128,6 +128,25 @@ class AsyncClient:
     async def tokenize(self, text: str) -> list[int]:
         return list((await self.call(self.stub.Tokenize, pb.TokenizeRequest(text=text))).ids)
 
+    async def detokenize(self, ids: Sequence[int]) -> str:
+        r = await self.call(self.stub.Detokenize, pb.DetokenizeRequest(ids=list(ids)))
+        return str(r.text)
+
+    async def health(self, service: str = "") -> str:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        r = await self.call(stub.Check, health_pb2.HealthCheckRequest(service=service))
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(r.status))
+
+    async def ingest_stream(self, requests: Iterable[pb.AppendRequest]) -> dict[str, int]:
+        """Client-streaming bulk ingest (not retried: the iterator cannot be replayed)."""
+        try:
+            r = await self.stub.IngestStream(iter(requests), metadata=self.metadata)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        return {"items": r.items, "tokens": r.tokens}
+
     async def open_session(self, namespace: str = "default", session_id: str | None = None,
                            metadata: Mapping[str, str] | None = None,
                            tokens: Sequence[int] | None = None, text: str | None = None

@@ -93,6 +93,16 @@ def test_async_client(shared_daemon: Client) -> None:
                 await ac.describe_session("async", s.id)
             st = await ac.stats("async")
             assert st["namespaces"][0]["counters"]["steps"] == 1
+            assert await ac.health() == "SERVING"
+            assert await ac.detokenize(ids) == "SELECT count(*) FROM head WHERE age > 56"
+            sid = (await ac.open_session("async")).session_id
+            from suffixd.v1 import suffixd_pb2 as pb
+
+            reqs = [pb.AppendRequest(namespace="async", session_id=sid, kind=pb.KIND_PROMPT,
+                                     tokens=pb.TokenList(ids=ids))]
+            assert await ac.ingest_stream(reqs) == {"items": 1, "tokens": len(ids)}
+            d2 = await ac.step("async", sid, ids[:2])
+            assert d2.session_tokens == len(ids) + 2
             return d.tokens
 
     tokens = asyncio.run(main())
