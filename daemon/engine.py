@@ -782,7 +782,11 @@ class Engine:
             )
         drafter = self._drafter_for(cost_profile)
         t0 = time.perf_counter()
-        draft = drafter.propose(ns, session_id or None, ctx, max_tokens or None)
+        try:
+            draft = drafter.propose(ns, session_id or None, ctx, max_tokens or None)
+        except KeyError:
+            # The session was closed (or is still being opened) by a concurrent call.
+            raise NotFound(f"no open session {session_id!r} in namespace {ns!r}") from None
         if self.observers:
             self._notify("speculate", ns=ns, seconds=time.perf_counter() - t0, draft=draft)
         if sess is not None:

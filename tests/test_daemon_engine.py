@@ -74,3 +74,34 @@ def test_generated_pieces_form_one_response(tmp_path: Path) -> None:
         assert rec is not None and rec["tokens"] == [10, 11, 12, 13, 14]
         c = e.stats("ns")["ns"]["counters"]
         assert c["requests"] == 1 and c["generated_tokens"] == 5
+
+
+def test_concurrent_close_and_use_give_not_found_only(tmp_path: Path) -> None:
+    import threading
+
+    from suffixd.daemon.errors import NotFound
+
+    errors: list[str] = []
+    with Engine(tmp_path, vocab_size=1000, sync=False) as e:
+        def churn() -> None:
+            for i in range(200):
+                e.open_session("n", f"s{i}", tokens=[1, 2, 3])
+                e.close_session("n", f"s{i}")
+
+        def use() -> None:
+            for i in range(2000):
+                try:
+                    e.propose("n", f"s{i % 200}", [1, 2])
+                    e.append("n", f"s{i % 200}", "generated", [4])
+                except NotFound:
+                    pass
+                except Exception as exc:  # anything else is a bug
+                    errors.append(repr(exc))
+
+        threads = [threading.Thread(target=churn), threading.Thread(target=use)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert e.list_sessions("n") == []
