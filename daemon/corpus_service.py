@@ -116,7 +116,8 @@ class CorpusIngest:
         now = time.time()
 
         def write(t: Any) -> tuple[list[tuple[int, list[int], str]], list[int], list[str]]:
-            added: list[tuple[int, list[int], str]] = []
+            # seq id -> (tokens, path), in insertion order
+            added: dict[int, tuple[list[int], str]] = {}
             removed: list[int] = []
             completed: list[str] = []
             for ch in chunks:
@@ -125,7 +126,10 @@ class CorpusIngest:
                     if rec is not None:
                         for s in rec.get("seqs", []):
                             t.delete_sequence(s)
-                            removed.append(s)
+                            # A file restarted within this request: its first version
+                            # never reaches the tree.
+                            if added.pop(s, None) is None:
+                                removed.append(s)
                     rec = {"seqs": [], "hash": ch.content_hash, "meta": {}, "tokens": 0,
                            "t": now, "complete": False, "size": ch.size, "kind": ch.kind}
                 elif (rec is None or rec.get("hash") != ch.content_hash
@@ -138,13 +142,13 @@ class CorpusIngest:
                         sid = t.add_sequence(ns, "corpus", toks, doc=ch.path)
                         rec["seqs"].append(sid)
                         rec["tokens"] += len(toks)
-                        added.append((sid, toks, ch.path))
+                        added[sid] = (toks, ch.path)
                 if ch.last:
                     rec["complete"] = True
                     completed.append(ch.path)
                 rec["t"] = now
                 t.put_doc(ns, ch.path, rec)
-            return added, removed, completed
+            return [(sid, tp[0], tp[1]) for sid, tp in added.items()], removed, completed
 
         with self._commit_lock:
             added, removed, completed = self.engine.store.write(write)
@@ -162,9 +166,10 @@ class CorpusIngest:
         )
 
     def _unindex(self, ns: str, seq_ids: Sequence[int]) -> None:
-        for s in seq_ids:
-            self.engine.cache.remove_corpus(ns, s)
-            self.engine._corpus_docs.pop((ns, s), None)
+        if seq_ids:
+            # Through the engine: a background rebuild after a restart would otherwise
+            # put a replaced file's old sequences back into the tree.
+            self.engine.remove_from_trees(ns, "corpus", seq_ids)
 
     def remove(self, ns: str, paths: Sequence[str]) -> tuple[int, int]:
         """Drop files (and their sequences); returns (files found, sequences removed)."""
