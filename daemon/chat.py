@@ -1,0 +1,108 @@
+"""Chat messages -> prompt tokens, with the model's own chat template.
+
+The template comes from the GGUF (``tokenizer.chat_template``, rendered with
+llama-cpp-python's Jinja2ChatFormatter, as Hugging Face would). GGUF files that
+carry no template (the embedded gemma-3-270m is one) fall back to llama.cpp's
+built-in template for the model's architecture (``llama_chat_apply_template``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# GGUF architecture -> llama.cpp built-in template name, for models without a template.
+_BUILTIN_BY_ARCH = {
+    "gemma": "gemma",
+    "gemma2": "gemma",
+    "gemma3": "gemma",
+    "gemma3n": "gemma",
+    "llama": "llama3",
+    "qwen2": "chatml",
+    "qwen3": "chatml",
+    "phi3": "phi3",
+    "mistral": "mistral-v7",
+}
+
+VALID_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+
+
+class ChatTemplateError(ValueError):
+    pass
+
+
+class ChatRenderer:
+    """Render messages for one model; ``tokens()`` gives what the verifier should see."""
+
+    def __init__(self, verifier: Any) -> None:
+        self._v = verifier
+        meta: Mapping[str, str] = verifier.metadata()
+        self.template = meta.get("tokenizer.chat_template") or ""
+        self.arch = meta.get("general.architecture", "")
+        self.add_bos = meta.get("tokenizer.ggml.add_bos_token", "true").lower() == "true"
+        self.bos_text = verifier.detokenize_special(verifier.bos_token)
+        self._formatter = None
+        if self.template:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            eos_text = verifier.detokenize_special(verifier.eos_token)
+            self._formatter = Jinja2ChatFormatter(
+                template=self.template, eos_token=eos_text, bos_token=self.bos_text
+            )
+            self.builtin = ""
+        else:
+            self.builtin = _BUILTIN_BY_ARCH.get(self.arch, "chatml")
+
+    @staticmethod
+    def _check(messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+        if not messages:
+            raise ChatTemplateError("no messages")
+        out = []
+        for i, m in enumerate(messages):
+            role, content = m.get("role"), m.get("content")
+            if role not in VALID_ROLES:
+                raise ChatTemplateError(f"message {i}: unknown role {role!r}")
+            if not isinstance(content, str):
+                raise ChatTemplateError(f"message {i}: content must be a string")
+            out.append({"role": role, "content": content})
+        return out
+
+    def render(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        msgs = self._check(messages)
+        if self._formatter is not None:
+            self._formatter.add_generation_prompt = add_generation_prompt
+            return self._formatter(messages=msgs).prompt  # type: ignore[arg-type]
+        import llama_cpp
+
+        arr = (llama_cpp.llama_chat_message * len(msgs))()
+        keep = []  # the C structs borrow these buffers
+        for i, m in enumerate(msgs):
+            r, c = m["role"].encode(), m["content"].encode("utf-8")
+            keep += [r, c]
+            arr[i].role = r
+            arr[i].content = c
+        size = 2 * sum(len(m["content"]) + 32 for m in msgs) + 256
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_chat_apply_template(
+                self.builtin.encode(), arr, len(msgs), add_generation_prompt, buf, size
+            )
+            if n < 0:
+                raise ChatTemplateError(f"llama.cpp has no chat template {self.builtin!r}")
+            if n <= size:
+                return buf.raw[:n].decode("utf-8")
+            size = n + 1
+        raise ChatTemplateError("chat template output did not fit")  # pragma: no cover
+
+    def tokens(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        text = self.render(messages, add_generation_prompt)
+        # Control tokens in the rendered template are meant (<start_of_turn>, ...).
+        toks = self._v.tokenize(text, special=True)
+        if self.add_bos and (not toks or toks[0] != self._v.bos_token):
+            toks = [self._v.bos_token, *toks]
+        return toks

@@ -1,0 +1,745 @@
+"""The colocated verifier: speculative decoding over llama-cpp-python's low-level API.
+
+One step of generation evaluates, in a single ``llama_decode`` batch, the last
+accepted token (not yet in the KV cache) followed by the whole draft, with
+logits for every position. The target accepts the longest draft prefix it
+agrees with and adds its own next token (the "bonus" token); the rejected tail
+is removed from the KV cache with ``llama_memory_seq_rm``.
+
+Losslessness:
+
+* temperature 0: the accepted prefix is exactly what greedy decoding of the
+  same logits picks, so the output equals plain decoding, up to llama.cpp's
+  batch-shape dependent rounding (see ``NEAR_TIE_GAP``).
+* temperature > 0: a deterministic draft token ``x`` is accepted with
+  probability ``p(x)``; on rejection the token is drawn from ``p`` with ``x``
+  removed and renormalised. This is speculative sampling with a point-mass
+  proposal, so every emitted token has exactly the target distribution ``p``
+  (temperature, then top-k, then top-p, as vLLM and Hugging Face order them).
+
+Sessions keep their KV cache between turns: each session owns one sequence id
+of a unified KV cache ("slot") and a new prompt only pays for the tokens after
+its longest common prefix with what the slot already holds. Several sessions
+share the model through a FIFO turn queue taken once per ``llama_decode`` so a
+long generation cannot starve the others.
+
+The verifier knows nothing about suffix trees: it takes a ``propose(context,
+k)`` callable, so it runs as well with the suffixcache Drafter, a draft model,
+prompt lookup or a scripted drafter in tests.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+# Largest top-1/top-2 logit gap that llama.cpp's batch-shape rounding can flip on
+# this CPU. Evaluating the same tokens in batches of 1, 4, 9 and 17 (5 spider
+# prompts, 48 generated tokens each) changed single logits by up to 1.74 and the
+# top-1/top-2 gap by up to 0.95 (Gemma's logits span ~+-30; Q4_K kernels quantise
+# activations differently per batch shape). The threshold is twice the largest
+# gap drift, rounded up; tests/test_verifier.py re-measures the drift and fails
+# if it ever exceeds this. A greedy output that parts from plain decoding where
+# the gap is larger is reported as a real divergence.
+NEAR_TIE_GAP = 2.0
+
+
+class DraftLike(Protocol):
+    tokens: list[int]
+    source: str
+
+    def path(self) -> list[int]: ...
+
+
+Proposer = Callable[[list[int], int], "DraftLike | Sequence[int] | None"]
+StepCallback = Callable[[Any, int], None]
+
+
+class ContextOverflowError(ValueError):
+    """The prompt (plus what must be generated) does not fit the context window."""
+
+
+@dataclass
+class GenerateParams:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0  # 0: disabled
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: Sequence[str] = ()
+    max_draft: int = 16  # upper bound; the proposer decides how much of it pays off
+    ignore_eos: bool = False
+    record_gaps: bool = False  # per-token top-1/top-2 logit gaps, for lossless checks
+
+    def validate(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.temperature < 0 or not np.isfinite(self.temperature):
+            raise ValueError("temperature must be >= 0")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.max_draft < 0:
+            raise ValueError("max_draft must be >= 0")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+
+@dataclass
+class TokenGap:
+    """What the target's logits said at one generated position (greedy runs only)."""
+
+    token: int
+    top1: int
+    top2: int
+    gap: float  # logit(top1) - logit(top2)
+    top: list[tuple[int, float]] = field(default_factory=list)  # best TOP_RECORDED (id, logit)
+
+    def shortfall(self, token: int) -> float:
+        """How far ``token``'s logit is below the best one (inf if not among the recorded)."""
+        for t, logit in self.top:
+            if t == token:
+                return self.top[0][1] - logit
+        return float("inf")
+
+
+TOP_RECORDED = 8
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens reused from the session's KV cache
+    completion_tokens: int = 0
+    steps: int = 0  # verifier evaluations during decoding
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    prompt_s: float = 0.0  # prompt processing
+    first_token_s: float = 0.0  # request start -> first generated token
+    decode_s: float = 0.0  # first -> last generated token
+    total_s: float = 0.0
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [drafted, accepted]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "steps": self.steps,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "prompt_s": self.prompt_s,
+            "first_token_s": self.first_token_s,
+            "decode_s": self.decode_s,
+            "total_s": self.total_s,
+            "by_source": {k: list(v) for k, v in self.by_source.items()},
+        }
+
+
+@dataclass
+class Chunk:
+    text: str
+    tokens: list[int]
+    source: str  # where this step's draft came from ("none" for plain steps)
+    proposed: int
+    accepted: int
+    finish_reason: str | None = None  # "stop" | "length" on the final chunk
+    stats: GenerationStats | None = None  # final chunk only
+    gaps: list[TokenGap] = field(default_factory=list)
+
+
+def _draft_path(draft: Any) -> tuple[list[int], str]:
+    if draft is None:
+        return [], "none"
+    if hasattr(draft, "path"):
+        return [int(t) for t in draft.path()], str(getattr(draft, "source", "none"))
+    return [int(t) for t in draft], "draft"
+
+
+def target_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """The sampling distribution over the vocabulary: temperature, then top-k, then top-p."""
+    z = logits.astype(np.float64) / temperature
+    n = z.shape[0]
+    if 0 < top_k < n:
+        keep = np.argpartition(-z, top_k - 1)[:top_k]
+        masked = np.full(n, -np.inf)
+        masked[keep] = z[keep]
+        z = masked
+    z = z - np.max(z)
+    p = np.exp(z)
+    p /= p.sum()
+    if top_p < 1.0:
+        # The nucleus almost always lives in the few hundred best tokens; sort only those.
+        m = min(n, 1024)
+        cand = np.argpartition(-p, m - 1)[:m] if m < n else np.arange(n)
+        cand = cand[np.argsort(-p[cand], kind="stable")]
+        cum = np.cumsum(p[cand])
+        if cum[-1] < top_p and m < n:
+            cand = np.argsort(-p, kind="stable")
+            cum = np.cumsum(p[cand])
+        cut = int(np.searchsorted(cum, top_p)) + 1  # smallest prefix with mass >= top_p
+        out = np.zeros(n)
+        out[cand[:cut]] = p[cand[:cut]]
+        p = out / out.sum()
+    return p
+
+
+def speculative_sample(
+    rows: Sequence[np.ndarray] | np.ndarray,
+    draft: Sequence[int],
+    rng: np.random.Generator,
+    dist: Callable[[np.ndarray], np.ndarray],
+) -> tuple[int, int]:
+    """Exact speculative sampling for a deterministic draft.
+
+    ``rows[i]`` are the target logits after ``draft[:i]``; returns (accepted,
+    next token). Draft token x at position i is kept with probability p_i(x);
+    the first rejected one is replaced by a draw from p_i without x,
+    renormalised; if every draft token is kept the bonus is a draw from p_k.
+    """
+    for i, x in enumerate(draft):
+        p = dist(rows[i])
+        px = float(p[x])
+        if rng.random() < px:
+            continue
+        p = p.copy()
+        p[x] = 0.0
+        p /= p.sum()
+        return i, int(rng.choice(p.shape[0], p=p))
+    p = dist(rows[len(draft)])
+    return len(draft), int(rng.choice(p.shape[0], p=p))
+
+
+def _token_gap(row: np.ndarray, token: int) -> TokenGap:
+    best = np.argpartition(-row, TOP_RECORDED)[:TOP_RECORDED]
+    best = best[np.argsort(-row[best], kind="stable")]
+    top = [(int(t), float(row[t])) for t in best]
+    if top[0][0] != token and row[token] == top[0][1]:  # exact tie: put the chosen one first
+        top.sort(key=lambda p: (-p[1], p[0] != token))
+    return TokenGap(token, top[0][0], top[1][0], top[0][1] - top[1][1], top)
+
+
+def certify_greedy(
+    reference: Sequence[TokenGap], candidate: Sequence[TokenGap], threshold: float = NEAR_TIE_GAP
+) -> tuple[str, int | None]:
+    """Compare two greedy runs of the same prompt, token by token (from their gap records).
+
+    Returns ("identical", None); ("near_tie", i) when they first part at i and
+    each run's logits put the other run's choice within ``threshold`` of their
+    best (a rounding flip between tokens the model finds equally likely, not a
+    bug); or ("diverged", i) otherwise.
+    """
+    for i, (r, c) in enumerate(zip(reference, candidate, strict=False)):
+        if r.token == c.token:
+            continue
+        tie = r.shortfall(c.token) <= threshold and c.shortfall(r.token) <= threshold
+        return ("near_tie" if tie else "diverged", i)
+    if len(reference) != len(candidate):
+        return "diverged", min(len(reference), len(candidate))
+    return "identical", None
+
+
+class _FairTurns:
+    """A FIFO lock: waiters get the model in arrival order, one decode at a time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: deque[threading.Event] = deque()
+        self._busy = False
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if not self._busy and not self._queue:
+                self._busy = True
+                return
+            ev = threading.Event()
+            self._queue.append(ev)
+        ev.wait()  # ownership is handed over directly by __exit__
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            if self._queue:
+                self._queue.popleft().set()
+            else:
+                self._busy = False
+
+
+@dataclass
+class _Slot:
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)  # exactly what the KV cache holds
+    last_used: float = 0.0
+    busy: bool = False
+
+
+class Verifier:
+    """A target GGUF model with per-session KV slots and a speculative decoding loop."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        n_ctx: int = 8192,
+        n_threads: int = 2,
+        n_slots: int = 4,
+        n_batch: int = 512,
+        verbose: bool = False,
+    ) -> None:
+        import llama_cpp
+        from llama_cpp import _internals
+
+        self._llama_cpp = llama_cpp
+        self.model_path = Path(model_path)
+        llama_cpp.llama_backend_init()
+        mparams = llama_cpp.llama_model_default_params()
+        self._model = _internals.LlamaModel(
+            path_model=str(self.model_path), params=mparams, verbose=verbose
+        )
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        cparams.n_seq_max = n_slots
+        # One KV pool shared by all slots, so an idle session costs nothing but its tokens.
+        cparams.kv_unified = True
+        # Gemma 3 uses sliding-window attention; the default SWA cache forgets tokens
+        # that a rollback (seq_rm of a rejected draft) would need again.
+        cparams.swa_full = True
+        self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=verbose)
+        self._mem = self._ctx.memory
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx.ctx))
+        self.n_batch = n_batch
+        self.n_threads = n_threads
+        self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=verbose)
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model.model)
+        self.vocab_size = int(self._model.n_vocab())
+        self._turns = _FairTurns()
+        self._slots_lock = threading.Condition()
+        self._slots: dict[str, _Slot] = {}
+        self._free_seq_ids = list(range(n_slots))
+        self.n_slots = n_slots
+        self._closed = False
+
+    # ----------------------------------------------------------------- vocabulary
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
+        if not text:
+            return [self.bos_token] if add_bos else []
+        return list(self._model.tokenize(text.encode("utf-8"), add_bos, special))
+
+    def token_bytes(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = self._llama_cpp.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._llama_cpp.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def detokenize_special(self, token: int) -> str:
+        """A control token's text (``<bos>``), which plain detokenization omits."""
+        buf = ctypes.create_string_buffer(128)
+        n = self._llama_cpp.llama_token_to_piece(self._vocab, token, buf, 128, 0, True)
+        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
+
+    @property
+    def bos_token(self) -> int:
+        return int(self._model.token_bos())
+
+    @property
+    def eos_token(self) -> int:
+        return int(self._model.token_eos())
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def metadata(self) -> dict[str, str]:
+        return dict(self._model.metadata())
+
+    # ---------------------------------------------------------------- low level
+
+    def _decode(self, seq_id: int, tokens: Sequence[int], pos0: int, all_logits: bool) -> None:
+        b = self._batch.batch
+        n = len(tokens)
+        b.n_tokens = n
+        for i, t in enumerate(tokens):
+            b.token[i] = t
+            b.pos[i] = pos0 + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq_id
+            b.logits[i] = all_logits
+        b.logits[n - 1] = True
+        rc = self._llama_cpp.llama_decode(self._ctx.ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed ({rc}): KV cache full or bad batch")
+
+    def _logits(self, i: int) -> np.ndarray:
+        ptr = self._llama_cpp.llama_get_logits_ith(self._ctx.ctx, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy()
+
+    def _seq_rm(self, seq_id: int, p0: int) -> None:
+        if not self._llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, -1):
+            # A partial removal can fail (e.g. recurrent models): drop the whole sequence.
+            self._llama_cpp.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+            raise RuntimeError("KV cache rollback failed")
+
+    # ------------------------------------------------------------------- slots
+
+    def _acquire_slot(self, key: str) -> _Slot:
+        with self._slots_lock:
+            while True:
+                slot = self._slots.get(key)
+                if slot is not None:
+                    if not slot.busy:
+                        slot.busy = True
+                        return slot
+                elif self._free_seq_ids:
+                    slot = _Slot(seq_id=self._free_seq_ids.pop(0), busy=True)
+                    self._slots[key] = slot
+                    return slot
+                else:
+                    idle = [(s.last_used, k) for k, s in self._slots.items() if not s.busy]
+                    if idle:
+                        _, victim = min(idle)
+                        old = self._slots.pop(victim)
+                        self._llama_cpp.llama_memory_seq_rm(self._mem, old.seq_id, -1, -1)
+                        slot = _Slot(seq_id=old.seq_id, busy=True)
+                        self._slots[key] = slot
+                        return slot
+                self._slots_lock.wait()
+
+    def _release_slot(self, slot: _Slot) -> None:
+        with self._slots_lock:
+            slot.busy = False
+            slot.last_used = time.monotonic()
+            self._slots_lock.notify_all()
+
+    def _make_room(self, slot: _Slot, needed: int) -> None:
+        """Evict idle sessions' KV (least recently used first) until ``needed`` more fit."""
+        with self._slots_lock:
+            used = sum(len(s.tokens) for s in self._slots.values())
+            if used + needed <= self.n_ctx:
+                return
+            for _, key in sorted((s.last_used, k) for k, s in self._slots.items() if not s.busy):
+                victim = self._slots[key]
+                used -= len(victim.tokens)
+                self._llama_cpp.llama_memory_seq_rm(self._mem, victim.seq_id, -1, -1)
+                victim.tokens = []
+                if used + needed <= self.n_ctx:
+                    return
+            if len(slot.tokens) + needed > self.n_ctx:
+                raise ContextOverflowError(
+                    f"context window of {self.n_ctx} tokens exceeded "
+                    f"({len(slot.tokens) + needed} needed)"
+                )
+
+    def forget(self, session_key: str) -> None:
+        """Drop a session's KV cache (e.g. when the session is closed)."""
+        with self._slots_lock:
+            slot = self._slots.get(session_key)
+            if slot is None or slot.busy:
+                return
+            del self._slots[session_key]
+            self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+            self._free_seq_ids.append(slot.seq_id)
+            self._slots_lock.notify_all()
+
+    def cached_tokens(self, session_key: str) -> list[int]:
+        with self._slots_lock:
+            slot = self._slots.get(session_key)
+            return list(slot.tokens) if slot else []
+
+    # -------------------------------------------------------------- generation
+
+    def generate(
+        self,
+        session_key: str,
+        prompt_tokens: Sequence[int],
+        params: GenerateParams | None = None,
+        propose: Proposer | None = None,
+        on_step: StepCallback | None = None,
+    ) -> Iterator[Chunk]:
+        """Stream the continuation of ``prompt_tokens``; the last chunk has a finish reason.
+
+        ``propose(context, k)`` returns a draft (an object with ``path()`` and
+        ``source``, or a plain token list) of at most ``k`` tokens continuing
+        ``context`` (prompt + generated so far). ``on_step(draft, accepted)``
+        is called after each verified draft, e.g. ``drafter.observe``.
+        """
+        params = params or GenerateParams()
+        params.validate()
+        prompt = [int(t) for t in prompt_tokens]
+        if not prompt:
+            raise ValueError("empty prompt")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} outside the vocabulary (0..{self.vocab_size - 1})")
+        if self._closed:
+            raise RuntimeError("verifier is closed")
+        slot = self._acquire_slot(session_key)
+        try:
+            yield from self._generate(slot, prompt, params, propose, on_step)
+        finally:
+            self._release_slot(slot)
+
+    def _generate(
+        self,
+        slot: _Slot,
+        prompt: list[int],
+        params: GenerateParams,
+        propose: Proposer | None,
+        on_step: StepCallback | None,
+    ) -> Iterator[Chunk]:
+        stats = GenerationStats(prompt_tokens=len(prompt))
+        t_start = time.perf_counter()
+        greedy = params.temperature == 0.0
+        rng = np.random.default_rng(params.seed)
+
+        def dist(row: np.ndarray) -> np.ndarray:
+            return target_probs(row, params.temperature, params.top_k, params.top_p)
+
+        # --- prompt: reuse the longest common prefix the slot already holds. The last
+        # prompt token stays out of the cache: the first decoding step evaluates it
+        # together with a draft.
+        common = 0
+        limit = min(len(slot.tokens), len(prompt) - 1)
+        while common < limit and slot.tokens[common] == prompt[common]:
+            common += 1
+        if common < len(slot.tokens):
+            self._seq_rm(slot.seq_id, common)
+            del slot.tokens[common:]
+        stats.cached_prompt_tokens = common
+        self._make_room(slot, len(prompt) - common + params.max_tokens)
+        todo = prompt[common:-1]
+        for i in range(0, len(todo), self.n_batch):
+            part = todo[i : i + self.n_batch]
+            with self._turns:
+                self._decode(slot.seq_id, part, len(slot.tokens), all_logits=False)
+            slot.tokens.extend(part)
+        stats.prompt_s = time.perf_counter() - t_start
+
+        context = list(prompt)
+        pending = prompt[-1]
+        generated = 0
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text = ""
+        emitted = 0
+        max_stop = max((len(s) for s in params.stop), default=0)
+        t_first: float | None = None
+        finish: str | None = None
+
+        while finish is None:
+            remaining = params.max_tokens - generated
+            room = self.n_ctx - len(slot.tokens) - 1
+            k = max(0, min(params.max_draft, remaining - 1, room, self.n_batch - 1))
+            draft_obj = propose(context, k) if (propose is not None and k > 0) else None
+            path, source = _draft_path(draft_obj)
+            path = path[:k]
+            if any(not 0 <= t < self.vocab_size for t in path):
+                raise ValueError("drafter proposed a token outside the vocabulary")
+            if not path:
+                source = "none"
+            batch = [pending, *path]
+            n_past = len(slot.tokens)
+            with self._turns:
+                self._decode(slot.seq_id, batch, n_past, all_logits=True)
+                rows = [self._logits(i) for i in range(len(batch))]
+            gaps: list[TokenGap] = []
+            if greedy:
+                accepted = 0
+                nxt = int(np.argmax(rows[0]))
+                while accepted < len(path) and path[accepted] == nxt:
+                    accepted += 1
+                    nxt = int(np.argmax(rows[accepted]))
+                if params.record_gaps:
+                    for i in range(accepted + 1):
+                        gaps.append(_token_gap(rows[i], path[i] if i < accepted else nxt))
+            else:
+                accepted, nxt = speculative_sample(rows, path, rng, dist)
+            # Keep the evaluated pending token and the accepted draft; drop the rest.
+            keep = n_past + 1 + accepted
+            if keep < n_past + len(batch):
+                self._seq_rm(slot.seq_id, keep)
+            slot.tokens.append(pending)
+            slot.tokens.extend(path[:accepted])
+            new = [*path[:accepted], nxt]
+            pending = nxt
+            stats.steps += 1
+            stats.drafted_tokens += len(path)
+            stats.accepted_tokens += accepted
+            if path:
+                agg = stats.by_source.setdefault(source, [0, 0])
+                agg[0] += len(path)
+                agg[1] += accepted
+            if on_step is not None and path:
+                on_step(draft_obj, accepted)
+
+            # --- finish conditions, token by token
+            out: list[int] = []
+            eog = False
+            for tok in new:
+                if not params.ignore_eos and self.is_eog(tok):
+                    finish = "stop"
+                    eog = True
+                    break
+                out.append(tok)
+                generated += 1
+                text += decoder.decode(self.token_bytes(tok))
+                if params.stop:
+                    start = max(0, emitted - max_stop)
+                    hits = [i for s in params.stop if (i := text.find(s, start)) >= 0]
+                    if hits:
+                        text = text[: min(hits)]
+                        finish = "stop"
+                        break
+                if generated >= params.max_tokens:
+                    finish = "length"
+                    break
+            context.extend(new)
+            if t_first is None:
+                t_first = time.perf_counter()
+                stats.first_token_s = t_first - t_start
+            if finish is None and params.stop:
+                # Hold back a tail that could still become a stop string.
+                hold = 0
+                for s in params.stop:
+                    for j in range(min(len(s) - 1, len(text) - emitted), 0, -1):
+                        if text.endswith(s[:j]):
+                            hold = max(hold, j)
+                            break
+                upto = len(text) - hold
+            else:
+                if finish is not None and not (params.stop and finish == "stop" and not eog):
+                    text += decoder.decode(b"", final=True)
+                upto = len(text)
+            piece = text[emitted:upto] if upto > emitted else ""
+            emitted = max(emitted, upto)
+            chunk = Chunk(
+                text=piece,
+                tokens=out,
+                source=source,
+                proposed=len(path),
+                accepted=accepted,
+                # the end-of-generation token is not output, but its gap is kept so
+                # that a run stopping where another goes on can be certified too
+                gaps=gaps[: len(out) + int(eog)],
+            )
+            if finish is not None:
+                now = time.perf_counter()
+                stats.completion_tokens = generated
+                stats.decode_s = now - (t_first or now)
+                stats.total_s = now - t_start
+                chunk.finish_reason = finish
+                chunk.stats = stats
+            yield chunk
+
+    # ------------------------------------------------------------ measurement
+
+    def measure_cost_profile(
+        self, ks: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32), reps: int = 3
+    ) -> dict[int, float]:
+        """Time one verification batch of k tokens (all logits) relative to k = 1.
+
+        Runs on a scratch slot at a realistic context length; the result feeds
+        ``suffixcache.CostProfile.from_json`` so drafts stay within what pays.
+        """
+        key = "\x00cost-profile"
+        slot = self._acquire_slot(key)
+        try:
+            base = [self.bos_token] + [(7 * i + 100) % self.vocab_size for i in range(255)]
+            self._make_room(slot, len(base) + max(ks))
+            with self._turns:
+                self._seq_rm(slot.seq_id, 0)
+                slot.tokens = []
+                self._decode(slot.seq_id, base, 0, all_logits=False)
+                slot.tokens = list(base)
+            times: dict[int, float] = {}
+            for k in ks:
+                samples = []
+                for _ in range(reps):
+                    with self._turns:
+                        t0 = time.perf_counter()
+                        self._decode(slot.seq_id, base[1 : k + 1], len(base), all_logits=True)
+                        for i in range(k):
+                            self._logits(i)
+                        samples.append(time.perf_counter() - t0)
+                        self._seq_rm(slot.seq_id, len(base))
+                times[k] = float(np.median(samples))
+        finally:
+            self._release_slot(slot)
+            self.forget(key)
+        one = times[min(times)]
+        return {k: round(v / one, 3) for k, v in sorted(times.items())}
+
+    def _rows(
+        self, seq_id: int, tokens: Sequence[int], pos0: int, batch_size: int
+    ) -> list[np.ndarray]:
+        rows: list[np.ndarray] = []
+        for j in range(0, len(tokens), batch_size):
+            part = tokens[j : j + batch_size]
+            with self._turns:
+                self._decode(seq_id, part, pos0 + j, all_logits=True)
+                rows.extend(self._logits(i) for i in range(len(part)))
+        return rows
+
+    def next_logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """The target's logits after ``tokens`` (a scratch slot; nothing is cached)."""
+        return self.logit_rows(tokens, len(tokens) - 1, 1)[-1]
+
+    def logit_rows(self, tokens: Sequence[int], n_prefix: int, batch_size: int) -> list[np.ndarray]:
+        """Logits after each of ``tokens[n_prefix:]``, evaluated ``batch_size`` at a time."""
+        key = "\x00scratch"
+        slot = self._acquire_slot(key)
+        try:
+            self._make_room(slot, len(tokens))
+            self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+            slot.tokens = []
+            if n_prefix:
+                for j in range(0, n_prefix, self.n_batch):
+                    with self._turns:
+                        part = tokens[j : min(n_prefix, j + self.n_batch)]
+                        self._decode(slot.seq_id, part, j, all_logits=False)
+            return self._rows(slot.seq_id, list(tokens[n_prefix:]), n_prefix, batch_size)
+        finally:
+            self._release_slot(slot)
+            self.forget(key)
+
+    def logit_drift(
+        self, tokens: Sequence[int], n_prefix: int, batch_size: int
+    ) -> tuple[float, float]:
+        """How much batch shape moves the logits: evaluate ``tokens[n_prefix:]`` one at a
+        time and ``batch_size`` at a time; return (max |logit change|, max change of the
+        gap between the 1-token evaluation's top two tokens)."""
+        single = self.logit_rows(tokens, n_prefix, 1)
+        batched = self.logit_rows(tokens, n_prefix, batch_size)
+        d = g = 0.0
+        for a, b in zip(single, batched, strict=True):
+            d = max(d, float(np.max(np.abs(a - b))))
+            t1 = int(np.argmax(a))
+            a2 = a.copy()
+            a2[t1] = -np.inf
+            t2 = int(np.argmax(a2))
+            g = max(g, abs(float((a[t1] - a[t2]) - (b[t1] - b[t2]))))
+        return d, g
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._batch.close()
+        self._ctx.close()
+        self._model.close()

@@ -1,0 +1,246 @@
+"""The speculative verifier on the real embedded gemma model: greedy losslessness with
+drafts that are partly wrong, KV reuse across turns, stop conditions, fair sharing."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from suffixd.daemon.chat import ChatRenderer
+from suffixd.daemon.model import embedded_model_path
+from suffixd.daemon.verifier import (
+    NEAR_TIE_GAP,
+    GenerateParams,
+    TokenGap,
+    Verifier,
+    certify_greedy,
+)
+
+SPIDER = Path(__file__).resolve().parents[2] / "shared" / "data" / "workloads" / "spider_dev.jsonl"
+
+
+@pytest.fixture(scope="module")
+def verifier() -> Verifier:
+    v = Verifier(embedded_model_path(), n_ctx=8192, n_threads=2, n_slots=3)
+    yield v
+    v.close()
+
+
+def spider_turns(renderer: ChatRenderer, sessions: int, per_session: int) -> list[tuple]:
+    """(session, prompt tokens, recorded response) for the first turns of the first sessions."""
+    out = []
+    with SPIDER.open() as f:
+        for line, _ in zip(f, range(sessions), strict=False):
+            rec = json.loads(line)
+            msgs = rec["messages"]
+            n = 0
+            for i, m in enumerate(msgs):
+                if m["role"] == "assistant" and n < per_session:
+                    out.append((rec["session"], renderer.tokens(msgs[:i]), m["content"]))
+                    n += 1
+    return out
+
+
+def run(v: Verifier, key: str, prompt, params: GenerateParams, propose=None):
+    toks, gaps, last = [], [], None
+    for c in v.generate(key, prompt, params, propose):
+        toks += c.tokens
+        gaps += c.gaps
+        last = c
+    return toks, gaps, last
+
+
+def test_certify_greedy_logic() -> None:
+    def g(tok: int, *top: tuple[int, float]) -> TokenGap:
+        return TokenGap(tok, top[0][0], top[1][0], top[0][1] - top[1][1], list(top))
+
+    a = [g(1, (1, 5.0), (2, 4.9), (3, 1.0)), g(5, (5, 9.0), (6, 6.0))]
+    assert certify_greedy(a, a) == ("identical", None)
+    flip = [a[0], g(6, (6, 9.0), (5, 8.6))]
+    assert certify_greedy(a, flip) == ("diverged", 1)  # reference: 6 is 3.0 below 5
+    b = [g(2, (2, 5.0), (1, 4.95))]
+    assert certify_greedy(a[:1], b) == ("near_tie", 0)
+    c = [g(3, (3, 5.0), (1, 4.95))]  # 3 is 4.0 below the reference's best
+    assert certify_greedy(a[:1], c) == ("diverged", 0)
+    d = [g(7, (7, 5.0), (1, 4.95))]  # 7 is not among the reference's recorded best
+    assert certify_greedy(a[:1], d) == ("diverged", 0)
+    assert certify_greedy(a, a[:1]) == ("diverged", 1)
+
+
+def test_logit_drift_is_within_near_tie_threshold(verifier: Verifier) -> None:
+    renderer = ChatRenderer(verifier)
+    _, prompt, _ = spider_turns(renderer, 1, 1)[0]
+    out, _, _ = run(verifier, "drift", prompt, GenerateParams(max_tokens=24, ignore_eos=True))
+    worst_gap = 0.0
+    for bs in (8,):
+        _, gap = verifier.logit_drift(prompt + out, len(prompt), bs)
+        worst_gap = max(worst_gap, gap)
+    assert worst_gap < NEAR_TIE_GAP, f"batch-shape drift {worst_gap:.3f} >= {NEAR_TIE_GAP}"
+    verifier.forget("drift")
+
+
+def test_greedy_is_lossless_with_partly_wrong_drafts(verifier: Verifier) -> None:
+    """Many real turns; drafts right, partly wrong, or wrong; outputs equal plain decoding
+    or part only at a certified near-tie. More sessions than slots: eviction is exercised."""
+    renderer = ChatRenderer(verifier)
+    turns = spider_turns(renderer, sessions=4, per_session=2)
+    params = GenerateParams(max_tokens=24, record_gaps=True)
+    rnd = random.Random(1234)
+    counts = {"identical": 0, "near_tie": 0, "diverged": 0}
+    drafted = accepted = 0
+    for sess, prompt, recorded in turns:
+        ref, ref_gaps, last = run(verifier, "plain/" + sess, prompt, params)
+        # plain decoding: one step per token, the end-of-generation token included
+        assert last.stats.drafted_tokens == 0 and last.stats.steps == len(ref_gaps)
+        recorded_toks = verifier.tokenize(recorded)
+
+        def oracle_noisy(ctx, k, _p=prompt, _r=ref):
+            n = len(ctx) - len(_p)
+            d = _r[n : n + rnd.randint(1, k)]
+            return [t if rnd.random() < 0.75 else (t + 17) % verifier.vocab_size for t in d]
+
+        def from_recording(ctx, k, _p=prompt, _rec=recorded_toks):
+            n = len(ctx) - len(_p)
+            return _rec[n : n + k]
+
+        def garbage(ctx, k):
+            return [rnd.randrange(verifier.vocab_size) for _ in range(rnd.randint(1, k))]
+
+        for name, prop in (("noisy", oracle_noisy), ("rec", from_recording), ("junk", garbage)):
+            out, gaps, last = run(verifier, f"{name}/{sess}", prompt, params, prop)
+            verdict, where = certify_greedy(ref_gaps, gaps)
+            counts[verdict] += 1
+            assert verdict != "diverged", (
+                f"{name} {sess}: parted from plain decoding at {where}: "
+                f"{ref_gaps[where] if where < len(ref_gaps) else None} vs "
+                f"{gaps[where] if where < len(gaps) else None}"
+            )
+            if verdict == "identical":
+                assert out == ref and verifier.detokenize(out) == verifier.detokenize(ref)
+            drafted += last.stats.drafted_tokens
+            accepted += last.stats.accepted_tokens
+    # the test must have seen both accepted and rejected draft tokens
+    assert 0 < accepted < drafted
+    assert counts["identical"] >= len(turns) * 2  # near-ties are the exception
+
+
+def test_kv_cache_reused_across_turns(verifier: Verifier) -> None:
+    renderer = ChatRenderer(verifier)
+    (sess, p1, _), (_, p2, _) = spider_turns(renderer, 1, 2)[:2]
+    assert p2[: len(p1)] == p1
+    params = GenerateParams(max_tokens=16, record_gaps=True)
+    verifier.forget("kv")
+    _, _, first = run(verifier, "kv", p1, params)
+    assert first.stats.cached_prompt_tokens == 0
+    out2, gaps2, second = run(verifier, "kv", p2, params)
+    # everything before the point where the recorded answer differs from ours is reused
+    assert second.stats.cached_prompt_tokens >= len(p1) - 1
+    verifier.forget("kv-fresh")
+    _, fresh_gaps, fresh = run(verifier, "kv-fresh", p2, params)
+    assert fresh.stats.cached_prompt_tokens == 0
+    assert certify_greedy(fresh_gaps, gaps2)[0] != "diverged"
+    # the same prompt again: all but the last token comes from the cache
+    _, _, again = run(verifier, "kv", p2, params)
+    assert again.stats.cached_prompt_tokens == len(p2) - 1
+
+
+def test_stop_strings_max_tokens_and_streamed_text(verifier: Verifier) -> None:
+    renderer = ChatRenderer(verifier)
+    _, prompt, _ = spider_turns(renderer, 1, 1)[0]
+    ref, _, _ = run(verifier, "stop", prompt, GenerateParams(max_tokens=24, ignore_eos=True))
+    full = verifier.detokenize(ref)
+    assert len(full) > 12
+    stop = full[5:9]  # some text in the middle, possibly spanning tokens
+    for prop in (None, lambda ctx, k: ref[len(ctx) - len(prompt) :][:k]):
+        chunks = list(
+            verifier.generate(
+                "stop", prompt, GenerateParams(max_tokens=24, stop=[stop], ignore_eos=True), prop
+            )
+        )
+        text = "".join(c.text for c in chunks)
+        assert chunks[-1].finish_reason == "stop"
+        assert text == full[: full.index(stop)]
+        assert all(c.finish_reason is None for c in chunks[:-1])
+    for prop in (None, lambda ctx, k: ref[len(ctx) - len(prompt) :][:k]):
+        chunks = list(verifier.generate("stop", prompt, GenerateParams(max_tokens=5), prop))
+        toks = [t for c in chunks for t in c.tokens]
+        assert len(toks) <= 5 and chunks[-1].finish_reason in ("length", "stop")
+        if chunks[-1].finish_reason == "length":
+            assert toks == ref[:5]
+            assert "".join(c.text for c in chunks) == verifier.detokenize(ref[:5])
+
+
+def test_end_of_generation_stops(verifier: Verifier, monkeypatch) -> None:
+    """The embedded base model seldom emits <end_of_turn> on its own, so make the 4th
+    token it would produce count as end-of-generation; it must stop there, with and
+    without a draft that runs past it."""
+    renderer = ChatRenderer(verifier)
+    _, prompt, _ = spider_turns(renderer, 1, 1)[0]
+    ref, _, _ = run(verifier, "eog", prompt, GenerateParams(max_tokens=8, ignore_eos=True))
+    stop_tok = ref[3]
+    first = ref.index(stop_tok)
+    real = verifier.is_eog
+    monkeypatch.setattr(verifier, "is_eog", lambda t: t == stop_tok or real(t))
+    for prop in (None, lambda ctx, k: ref[len(ctx) - len(prompt) :][:k]):
+        params = GenerateParams(max_tokens=8, record_gaps=True)
+        toks, gaps, last = run(verifier, "eog", prompt, params, prop)
+        assert last.finish_reason == "stop"
+        assert toks == ref[:first] and gaps[-1].token == stop_tok
+        assert last.stats.completion_tokens == first
+
+
+def test_bad_input_is_refused(verifier: Verifier) -> None:
+    with pytest.raises(ValueError):
+        list(verifier.generate("bad", [], GenerateParams()))
+    with pytest.raises(ValueError):
+        list(verifier.generate("bad", [verifier.vocab_size + 5], GenerateParams()))
+    for bad in (
+        GenerateParams(max_tokens=0),
+        GenerateParams(temperature=-1),
+        GenerateParams(top_p=0),
+        GenerateParams(top_k=-2),
+        GenerateParams(stop=[""]),
+    ):
+        with pytest.raises(ValueError):
+            list(verifier.generate("bad", [2, 100], bad))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        list(verifier.generate("bad", [2, 100], GenerateParams(), lambda c, k: [-3]))
+    # the slot is usable afterwards
+    chunks = list(verifier.generate("bad", [2, 100], GenerateParams(max_tokens=2)))
+    assert chunks[-1].finish_reason is not None
+
+
+def test_sessions_share_the_model_fairly(verifier: Verifier) -> None:
+    renderer = ChatRenderer(verifier)
+    (_, pa, _), (_, pb, _) = spider_turns(renderer, 2, 1)
+    events: list[tuple[str, float]] = []
+    lock = threading.Lock()
+
+    def worker(name: str, prompt) -> None:
+        for _ in verifier.generate(name, prompt, GenerateParams(max_tokens=20, ignore_eos=True)):
+            with lock:
+                events.append((name, time.monotonic()))
+
+    threads = [threading.Thread(target=worker, args=(n, p)) for n, p in (("A", pa), ("B", pb))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    names = [n for n, _ in events]
+    assert names.count("A") == names.count("B") == 20
+    # interleaved: neither session finished before the other produced its first half
+    first_a_done = max(i for i, n in enumerate(names) if n == "A")
+    first_b_done = max(i for i, n in enumerate(names) if n == "B")
+    assert names[: min(first_a_done, first_b_done)].count("A") >= 5
+    assert names[: min(first_a_done, first_b_done)].count("B") >= 5
+
+
+def test_cost_profile_is_measured(verifier: Verifier) -> None:
+    prof = verifier.measure_cost_profile(ks=(1, 4, 16), reps=2)
+    assert prof[1] == 1.0 and set(prof) == {1, 4, 16}
+    # verifying 16 tokens is more work than 1 (all logits of a 262k vocabulary)
+    assert prof[16] > 1.5
