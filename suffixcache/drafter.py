@@ -81,6 +81,9 @@ class Draft:
     supports: list[int] = field(default_factory=list, repr=False)  # occurrences behind each token
     key: tuple[str, str] | None = field(default=None, repr=False)  # (namespace, session)
     prev: int = field(default=-1, repr=False)  # session's previous-step acceptance when drafted
+    # a sequence (of the first token's source tree) that holds the drafted text, e.g. the
+    # corpus document a corpus draft came from; None for an empty draft
+    seq_id: int | None = None
 
     @property
     def source(self) -> str:
@@ -236,6 +239,7 @@ class Drafter:
             supports[:keep],
             key,
             prev,
+            raw["seq_ids"][0] if keep else None,
         )
 
     def _best_prefix(self, probs: Sequence[float]) -> int:

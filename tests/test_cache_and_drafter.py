@@ -181,3 +181,13 @@ def test_concurrent_readers_and_writers() -> None:
         t.join()
     assert not errors
     cache.check_integrity()
+
+
+def test_draft_names_the_sequence_it_follows() -> None:
+    cache = SuffixCache(max_depth=16)
+    cache.add_corpus("ns", 42, [1, 2, 3, 4, 5, 6])
+    cache.add_response("ns", 7, [9, 9, 9])
+    drafter = Drafter(cache, DraftConfig(calibrate=False, cost_aware=False))
+    draft = drafter.propose("ns", None, [1, 2, 3])
+    assert draft.source == "corpus" and draft.seq_id == 42
+    assert drafter.propose("ns", None, [8, 8]).seq_id is None

@@ -73,6 +73,7 @@ py::dict draft_to_dict(Draft&& d) {
     out["probs"] = py::cast(d.probs);
     out["sources"] = py::cast(d.sources);
     out["counts"] = py::cast(d.counts);
+    out["seq_ids"] = py::cast(d.seq_ids);
     out["match_lens"] = py::cast(d.match_lens);
     out["score"] = d.score;
     return out;

@@ -672,6 +672,7 @@ Draft speculate_multi(const std::vector<SuffixTree*>& trees, const std::vector<d
         double top = -1.0;
         int32_t top_src = 0;
         int32_t support = 0;
+        int64_t top_seq = -1;
         for (size_t s = 0; s < ns; ++s) {
             if (from.states[s].prob <= 0.0) continue;
             SuffixTree::Cursor nc;
@@ -683,6 +684,7 @@ Draft speculate_multi(const std::vector<SuffixTree*>& trees, const std::vector<d
                 if (contrib > top) {
                     top = contrib;
                     top_src = static_cast<int32_t>(s);
+                    top_seq = trees[s]->ref_seq_id(nc.node);
                 }
             }
         }
@@ -692,6 +694,7 @@ Draft speculate_multi(const std::vector<SuffixTree*>& trees, const std::vector<d
         draft.probs.push_back(c.prob);
         draft.sources.push_back(top_src);
         draft.counts.push_back(support);
+        draft.seq_ids.push_back(top_seq);
         draft.score += c.prob;
     };
 

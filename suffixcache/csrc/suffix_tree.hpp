@@ -102,6 +102,7 @@ struct Draft {
     std::vector<double> probs;     // cumulative probability along the token's path
     std::vector<int32_t> sources;  // index of the source that contributed most
     std::vector<int32_t> counts;   // occurrences supporting the token (max over sources)
+    std::vector<int64_t> seq_ids;  // a sequence of the top source holding the token's path
     std::vector<int32_t> match_lens;  // per source: matched suffix length
     double score = 0.0;            // sum of probs: expected accepted tokens
 };
@@ -144,6 +145,8 @@ class SuffixTree {
     bool ends_with(int64_t seq_id, const Token* tokens, int64_t n) const;
     Token edge_token(NodeId node, int32_t offset) const;  // token at 0-based offset on the edge
     const Node& node(NodeId id) const { return nodes_[id]; }
+    // Id of the sequence a node's edge label points into (one occurrence of its string).
+    int64_t ref_seq_id(NodeId id) const { return slots_[nodes_[id].ref_seq].id; }
     NodeId best_child(NodeId id);
     NodeId child(NodeId parent, Token token) const { return children_.find(parent, token); }
 
