@@ -107,19 +107,28 @@ void SuffixTree::free_node(NodeId id) {
     free_nodes_.push_back(id);
 }
 
-void SuffixTree::link_child(NodeId parent, NodeId child) {
+void SuffixTree::add_child(NodeId parent, NodeId child) {
     Node& p = nodes_[parent];
+    const NodeId first = p.first_child;
+    if (first != kNoNode) {
+        // From one child to two: the first one enters the table too.
+        if (nodes_[first].next_sibling == kNoNode) children_.insert(parent, nodes_[first].token, first);
+        children_.insert(parent, nodes_[child].token, child);
+    }
     Node& c = nodes_[child];
     c.parent = parent;
     c.prev_sibling = kNoNode;
-    c.next_sibling = p.first_child;
-    if (p.first_child != kNoNode) nodes_[p.first_child].prev_sibling = child;
+    c.next_sibling = first;
+    if (first != kNoNode) nodes_[first].prev_sibling = child;
     p.first_child = child;
 }
 
-void SuffixTree::unlink_child(NodeId child) {
+void SuffixTree::remove_child(NodeId child) {
     Node& c = nodes_[child];
-    Node& p = nodes_[c.parent];
+    const NodeId parent = c.parent;
+    Node& p = nodes_[parent];
+    const bool several = nodes_[p.first_child].next_sibling != kNoNode;
+    if (several) children_.erase(parent, c.token);
     if (c.prev_sibling != kNoNode)
         nodes_[c.prev_sibling].next_sibling = c.next_sibling;
     else
@@ -127,6 +136,8 @@ void SuffixTree::unlink_child(NodeId child) {
     if (c.next_sibling != kNoNode) nodes_[c.next_sibling].prev_sibling = c.prev_sibling;
     if (p.best_child == child) p.best_child = kNoNode;
     c.prev_sibling = c.next_sibling = kNoNode;
+    // From two children to one: the survivor leaves the table.
+    if (several && nodes_[p.first_child].next_sibling == kNoNode) children_.erase(parent, nodes_[p.first_child].token);
 }
 
 void SuffixTree::set_ref(NodeId id, int32_t slot, int32_t end) {
@@ -185,14 +196,13 @@ NodeId SuffixTree::split_first(NodeId child) {
         nodes_[parent].first_child = mid;
     if (c.next_sibling != kNoNode) nodes_[c.next_sibling].prev_sibling = mid;
     if (nodes_[parent].best_child == child) nodes_[parent].best_child = mid;
-    children_.assign(parent, c.token, mid);
+    if (nodes_[parent].first_child != mid || m.next_sibling != kNoNode) children_.assign(parent, c.token, mid);
     c.len -= 1;
     c.token = slots_[slot].tokens[mid_end];
     c.prev_sibling = c.next_sibling = kNoNode;
     c.parent = mid;
-    m.first_child = child;
+    m.first_child = child;  // mid's only child: not in the table
     m.best_child = child;
-    children_.insert(mid, c.token, child);
     set_ref(mid, slot, mid_end);
     return mid;
 }
@@ -249,17 +259,15 @@ void SuffixTree::append_token(int32_t slot, Token token, std::vector<NodeId>& op
             Node& cn = nodes_[c];
             const int32_t slot_c = cn.ref_seq;
             const int32_t new_end = cn.ref_end - cn.len + 1;
-            children_.erase(a, cn.token);
             cn.len -= 1;
-            cn.token = slots_[slot_c].tokens[new_end];
-            children_.insert(a, cn.token, c);
+            cn.token = slots_[slot_c].tokens[new_end];  // c is a's only child: not in the table
             set_ref(a, slot_c, new_end);
             Node& grown = nodes_[a];
             grown.len += 1;
             grown.depth += 1;
             result = a;
         } else {
-            NodeId c = children_.find(a, token);
+            NodeId c = child(a, token);
             if (c == kNoNode) {
                 c = new_node();
                 Node& cn = nodes_[c];
@@ -267,8 +275,7 @@ void SuffixTree::append_token(int32_t slot, Token token, std::vector<NodeId>& op
                 cn.token = token;
                 cn.len = 1;
                 cn.depth = nodes_[a].depth + 1;
-                link_child(a, c);
-                children_.insert(a, token, c);
+                add_child(a, c);
                 set_ref(c, slot, n + 1);
             } else {
                 materialise(c);
@@ -347,7 +354,7 @@ bool SuffixTree::remove(int64_t seq_id) {
         NodeId cur = kRoot;
         int64_t pos = i;
         while (pos < end) {
-            NodeId c = children_.find(cur, slots_[slot].tokens[pos]);
+            NodeId c = child(cur, slots_[slot].tokens[pos]);
             if (c == kNoNode) fail("remove: occurrence path missing");
             pos += nodes_[c].len;
             path.push_back(c);
@@ -362,8 +369,7 @@ bool SuffixTree::remove(int64_t seq_id) {
             if (nodes_[parent].best_child == c) nodes_[parent].best_child = kNoNode;
             if (cn.count == 0) {
                 if (cn.first_child != kNoNode) fail("remove: node with count 0 has children");
-                children_.erase(parent, cn.token);
-                unlink_child(c);
+                remove_child(c);
                 free_node(c);
             }
         }
@@ -404,7 +410,7 @@ int64_t SuffixTree::count(const std::vector<Token>& pattern) const {
     int32_t off = 0;
     for (Token t : pattern) {
         if (off == nodes_[cur].len) {
-            NodeId c = children_.find(cur, t);
+            NodeId c = child(cur, t);
             if (c == kNoNode) return 0;
             cur = c;
             off = 1;
@@ -434,7 +440,7 @@ SuffixTree::Cursor SuffixTree::match(const Token* context, int64_t n, int max_ma
         for (; pos < n; ++pos) {
             const Token t = context[pos];
             if (off == nodes_[cur].len) {
-                NodeId c = children_.find(cur, t);
+                NodeId c = child(cur, t);
                 if (c == kNoNode) break;
                 cur = c;
                 off = 1;
@@ -472,13 +478,12 @@ int64_t SuffixTree::memory_bytes() const {
 
 void SuffixTree::check_integrity() const {
     std::vector<int32_t> refs(slots_.size(), 0);
-    int64_t live_nodes = 0;
+    int64_t indexed = 0;  // nodes whose parent has several children (the hash table's entries)
     int64_t root_sum = 0;
     for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id) {
         const Node& n = nodes_[id];
         if (id != kRoot && n.count < 0) continue;  // free
         if (id != kRoot) {
-            ++live_nodes;
             std::ostringstream where;
             where << "node " << id << ": ";
             if (n.count < 1) fail(where.str() + "count < 1");
@@ -495,7 +500,12 @@ void SuffixTree::check_integrity() const {
                 fail(where.str() + "ref out of range");
             ++refs[n.ref_seq];
             if (edge_token(id, 0) != n.token) fail(where.str() + "token differs from edge label");
-            if (children_.find(n.parent, n.token) != id) fail(where.str() + "child map disagrees");
+            if (child(n.parent, n.token) != id) fail(where.str() + "child lookup disagrees");
+            const NodeId first = p.first_child;
+            if (nodes_[first].next_sibling != kNoNode) {
+                ++indexed;
+                if (children_.find(n.parent, n.token) != id) fail(where.str() + "child map disagrees");
+            }
             if (n.open) fail(where.str() + "left open after extend");
         }
         int64_t kids = 0;
@@ -509,7 +519,8 @@ void SuffixTree::check_integrity() const {
         if (n.best_child != kNoNode && nodes_[n.best_child].parent != id) fail("stale best_child");
     }
     if (root_sum != live_tokens_) fail("root children counts do not add up to the live tokens");
-    if (static_cast<int64_t>(children_.size()) != live_nodes) fail("child map size differs from node count");
+    if (static_cast<int64_t>(children_.size()) != indexed)
+        fail("child map holds entries beyond the children of nodes with several");
     for (size_t s = 0; s < slots_.size(); ++s)
         if (refs[s] != slots_[s].refs) fail("reference count of a sequence slot is wrong");
     for (const auto& kv : seq_slots_) {

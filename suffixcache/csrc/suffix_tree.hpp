@@ -59,8 +59,8 @@ struct Node {
 };
 
 // Open-addressing map (parent, token) -> child, linear probing with
-// backward-shift deletion: children of every node in one flat table, so a node
-// pays no per-node container overhead.
+// backward-shift deletion: the children of every node that has more than one,
+// in one flat table, so a node pays no per-node container overhead.
 class ChildMap {
   public:
     ChildMap();
@@ -148,7 +148,14 @@ class SuffixTree {
     // Id of the sequence a node's edge label points into (one occurrence of its string).
     int64_t ref_seq_id(NodeId id) const { return slots_[nodes_[id].ref_seq].id; }
     NodeId best_child(NodeId id);
-    NodeId child(NodeId parent, Token token) const { return children_.find(parent, token); }
+    NodeId child(NodeId parent, Token token) const {
+        // A node with one child (most of them: chains, fresh splits) answers from its
+        // own child list; only nodes with several children are in the hash table.
+        const NodeId first = nodes_[parent].first_child;
+        if (first == kNoNode) return kNoNode;
+        if (nodes_[first].next_sibling == kNoNode) return nodes_[first].token == token ? first : kNoNode;
+        return children_.find(parent, token);
+    }
 
   private:
     struct Seq {
@@ -161,8 +168,9 @@ class SuffixTree {
 
     NodeId new_node();
     void free_node(NodeId id);
-    void link_child(NodeId parent, NodeId child);
-    void unlink_child(NodeId child);
+    // Attach/detach a child: sibling list, and the hash table when the parent has several.
+    void add_child(NodeId parent, NodeId child);
+    void remove_child(NodeId child);
     void set_ref(NodeId id, int32_t slot, int32_t end);
     void release_slot_ref(int32_t slot);
     NodeId split_first(NodeId child);  // splits one token off the top of child's edge
