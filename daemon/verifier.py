@@ -214,10 +214,16 @@ def speculative_sample(
             continue
         p = p.copy()
         p[x] = 0.0
-        p /= p.sum()
-        return i, int(rng.choice(p.shape[0], p=p))
-    p = dist(rows[len(draft)])
-    return len(draft), int(rng.choice(p.shape[0], p=p))
+        return i, _draw(p, rng)
+    return len(draft), _draw(dist(rows[len(draft)]), rng)
+
+
+def _draw(p: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from the (unnormalised) weights ``p``, over its support only."""
+    support = np.flatnonzero(p)
+    cdf = np.cumsum(p[support])
+    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return int(support[min(i, len(support) - 1)])
 
 
 def _token_gap(row: np.ndarray, token: int) -> TokenGap:
