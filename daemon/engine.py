@@ -151,7 +151,7 @@ class _Session:
             "tokens": int(self.rec.get("tokens", 0)),
             "created_at": float(self.rec.get("created", 0.0)),
             "last_active_at": self.last,
-            "responses": len(self.rec.get("responses", [])),
+            "responses": int(self.rec.get("n_responses", 0)),
         }
 
 
@@ -479,7 +479,7 @@ class Engine:
         toks = self.check_tokens(tokens)
         now = time.time()
         rec = {"ns": ns, "id": sid, "meta": md, "created": now, "last": now,
-               "tokens": 0, "chunks": 0, "responses": []}
+               "tokens": 0, "chunks": 0, "n_responses": 0}
         sess = _Session(ns, sid, rec)
         sess.lock.acquire()  # nobody may use the session before it is durable
         try:
@@ -538,12 +538,12 @@ class Engine:
 
     def _close_locked(self, sess: _Session, keep_responses: bool) -> dict[str, int]:
         ns, sid = sess.ns, sess.id
-        responses = list(sess.rec.get("responses", []))
         pending = list(sess.pending)
         pending_seq: list[int] = []
 
-        def write(t: Txn) -> None:
+        def write(t: Txn) -> list[int]:
             pending_seq.clear()
+            responses = t.session_responses(ns, sid)
             if pending and keep_responses:
                 # A response still being generated when the session closes is finished now.
                 pending_seq.append(t.add_sequence(ns, "response", pending, session=sid))
@@ -551,8 +551,9 @@ class Engine:
                 for seq in responses:
                     t.delete_sequence(seq)
             t.delete_session(ns, sid)
+            return responses
 
-        self.store.write(write)
+        responses: list[int] = self.store.write(write)
         sess.closed = True
         with self._lock:
             self._sessions.pop((ns, sid), None)
@@ -668,7 +669,7 @@ class Engine:
         base = {id(s): dict(s.rec) for s in sessions}
 
         def write(t: Txn) -> tuple[dict[int, dict[str, Any]], list[int | None]]:
-            recs = {k: dict(v, responses=list(v.get("responses", []))) for k, v in base.items()}
+            recs = {k: dict(v) for k, v in base.items()}
             seqs: list[int | None] = []
             for (sess, kind, toks), resp in zip(checked, plan, strict=True):
                 r = recs[id(sess)]
@@ -676,7 +677,8 @@ class Engine:
                     t.append_chunk(r, kind, toks)
                 if resp is not None and resp:
                     seq = t.add_sequence(sess.ns, "response", resp, session=sess.id)
-                    r["responses"].append(seq)
+                    t.add_session_response(sess.ns, sess.id, seq)
+                    r["n_responses"] = int(r.get("n_responses", 0)) + 1
                     seqs.append(seq)
                 else:
                     seqs.append(None)

@@ -6,7 +6,9 @@ token arrays are packed little-endian int32):
 ``meta``   str key -> value (schema version, tokenizer fingerprint, vocab size, seq id counter)
 ``seq``    u64 big-endian seq id -> {ns, kind: "response" | "corpus", tok, sess, doc, meta, t}
            (big-endian ids iterate in insertion order, which is what eviction and rebuild need)
-``sess``   ns NUL session id -> {ns, id, meta, created, last, tokens, chunks, responses: [seq ids]}
+``sess``   ns NUL session id -> {ns, id, meta, created, last, tokens, chunks, n_responses}
+``sresp``  ns NUL session id NUL u64 big-endian seq id -> b"" (the session's responses, so an
+           append stays O(new tokens) however many responses the session has)
 ``chunk``  ns NUL session id NUL u32 big-endian chunk no -> {k: kind, tok}
            (the session's content, kind "session" sequences, appended piecewise so an append
            costs O(new tokens))
@@ -143,13 +145,28 @@ class Txn:
         rec["tokens"] = int(rec.get("tokens", 0)) + len(tokens)
         self.put_session(rec)
 
+    def add_session_response(self, ns: str, sid: str, seq_id: int) -> None:
+        key = _key(ns, sid) + b"\x00" + seq_id.to_bytes(_U64, "big")
+        self.txn.put(key, b"", db=self._s._sresp)
+
+    def session_responses(self, ns: str, sid: str) -> list[int]:
+        prefix = _key(ns, sid) + b"\x00"
+        out: list[int] = []
+        cur = self.txn.cursor(db=self._s._sresp)
+        ok = cur.set_range(prefix)
+        while ok and cur.key().startswith(prefix):
+            out.append(int.from_bytes(cur.key()[len(prefix):], "big"))
+            ok = cur.next()
+        return out
+
     def delete_session(self, ns: str, sid: str) -> None:
         prefix = _key(ns, sid) + b"\x00"
-        cur = self.txn.cursor(db=self._s._chunk)
-        if cur.set_range(prefix):
-            while cur.key().startswith(prefix):
-                if not cur.delete():
-                    break
+        for db in (self._s._chunk, self._s._sresp):
+            cur = self.txn.cursor(db=db)
+            if cur.set_range(prefix):
+                while cur.key().startswith(prefix):
+                    if not cur.delete():
+                        break
         self.txn.delete(_key(ns, sid), db=self._s._sess)
         self.txn.delete(_key(ns, sid), db=self._s._ctr)
 
@@ -216,6 +233,7 @@ class Store:
         self._chunk = self.env.open_db(b"chunk")
         self._ctr = self.env.open_db(b"ctr")
         self._doc = self.env.open_db(b"doc")
+        self._sresp = self.env.open_db(b"sresp")
         # Serialises every transaction of this process with map resizing, which LMDB
         # only allows while no transaction is open. Reads are rare (start-up, describe);
         # the in-memory trees serve the hot path.

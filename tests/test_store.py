@@ -157,3 +157,23 @@ def test_documents_and_counters(tmp_path: Path) -> None:
         assert len(store.iter_docs()) == 2
         assert sorted(store.iter_counters()) == [("ns", "", {"steps": 3}),
                                                  ("ns", "s1", {"steps": 1})]
+
+
+def test_session_response_index(tmp_path: Path) -> None:
+    with Store(tmp_path) as store:
+        rec = {"ns": "ns", "id": "s", "chunks": 0, "tokens": 0}
+
+        def add(t):  # type: ignore[no-untyped-def]
+            seqs = [t.add_sequence("ns", "response", [i], session="s") for i in range(3)]
+            for q in seqs:
+                t.add_session_response("ns", "s", q)
+            t.append_chunk(dict(rec), "prompt", [1])
+            return seqs
+
+        seqs = store.write(add)
+        store.write(lambda t: t.add_session_response("ns", "s2", 99))  # another session
+        assert store.write(lambda t: t.session_responses("ns", "s")) == seqs
+        store.write(lambda t: t.delete_session("ns", "s"))
+        assert store.write(lambda t: t.session_responses("ns", "s")) == []
+        assert store.write(lambda t: t.session_responses("ns", "s2")) == [99]
+        assert store.session_chunks("ns", "s") == []
