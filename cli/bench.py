@@ -306,3 +306,8 @@ def tree_cmd(
         return
     for key, value in figures.items():
         click.echo(f"{key:24s} {value:.3f}" if isinstance(value, float) else f"{key:24s} {value}")
+
+
+from .bench_generate import generate_bench  # noqa: E402  (suffixd bench generate)
+
+bench.add_command(generate_bench)

@@ -49,6 +49,7 @@ EXTRA_SERVICES: list[str] = [
     # "suffixd.daemon.corpus_service:register",
     "suffixd.daemon.corpus_service:register",
     "suffixd.daemon.metrics:register",
+    "suffixd.daemon.generate_service:register",
 ]
 # ---------------------------------------------------------------------------------------
 

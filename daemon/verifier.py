@@ -337,6 +337,7 @@ class Verifier:
         self._free_seq_ids = list(range(n_slots))
         self.n_slots = n_slots
         self._closed = False
+        self.cost_seconds: dict[int, float] = {}
 
     # ----------------------------------------------------------------- vocabulary
 
@@ -688,6 +689,7 @@ class Verifier:
         finally:
             self._release_slot(slot)
             self.forget(key)
+        self.cost_seconds = dict(sorted(times.items()))  # absolute, for the draft-model policy
         one = times[min(times)]
         return {k: round(v / one, 3) for k, v in sorted(times.items())}
 

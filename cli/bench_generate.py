@@ -1,0 +1,245 @@
+"""`suffixd bench generate`: end-to-end generation through the real model.
+
+Replays a workload's assistant turns (prompt = every earlier message of the
+session, rendered with the model's chat template) three ways in one run, turn
+by turn so that machine noise hits all of them alike:
+
+* plain: one token per llama.cpp evaluation;
+* suffixd: drafts from suffixcache (session tree + global tree of earlier
+  responses; state carries across sessions), cost-aware with the verifier's
+  measured cost profile;
+* pld: llama-cpp-python's LlamaPromptLookupDecoding (n-gram 2, 10 tokens) as
+  the drafter of the same verifier loop.
+
+Greedy outputs are compared with plain decoding: identical, or parting only at
+a certified near-tie (see ``verifier.certify_greedy``); anything else is
+counted as a divergence and makes ``identical_outputs`` false.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+MODES = ("plain", "suffixd", "pld")
+
+
+def _load_turns(path: Path, limit: int) -> list[tuple[str, list[dict[str, str]]]]:
+    turns: list[tuple[str, list[dict[str, str]]]] = []
+    with path.open() as f:
+        for line in f:
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            msgs = rec["messages"]
+            for i, m in enumerate(msgs):
+                if m["role"] == "assistant":
+                    turns.append((str(rec["session"]), msgs[:i]))
+                    if len(turns) >= limit:
+                        return turns
+    return turns
+
+
+@click.command("generate")
+@click.argument("workload", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--turns", default=200, show_default=True, help="Assistant turns to replay.")
+@click.option("--max-tokens", default=64, show_default=True, help="Tokens generated per turn.")
+@click.option("--model", default=None, help="GGUF path (default: the embedded model).")
+@click.option("--n-ctx", default=8192, show_default=True)
+@click.option("--threads", default=2, show_default=True)
+@click.option("--modes", default=",".join(MODES), show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def generate_bench(
+    workload: Path,
+    turns: int,
+    max_tokens: int,
+    model: str | None,
+    n_ctx: int,
+    threads: int,
+    modes: str,
+    as_json: bool,
+) -> None:
+    """Replay WORKLOAD's prompts through the real model: plain, suffixd and prompt lookup."""
+    import numpy as np
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    from tqdm import tqdm
+
+    from suffixcache import CostProfile, Drafter, SuffixCache
+
+    from ..daemon.chat import ChatRenderer
+    from ..daemon.model import resolve_model_path
+    from ..daemon.verifier import NEAR_TIE_GAP, GenerateParams, Verifier, certify_greedy
+
+    wanted = [m.strip() for m in modes.split(",") if m.strip()]
+    if not wanted or any(m not in MODES for m in wanted) or "plain" not in wanted:
+        raise click.BadParameter(
+            f"--modes: a subset of {MODES} including plain", param_hint="--modes"
+        )
+    verifier = Verifier(resolve_model_path(model), n_ctx=n_ctx, n_threads=threads, n_slots=4)
+    renderer = ChatRenderer(verifier)
+    profile = verifier.measure_cost_profile()
+    cache = SuffixCache()
+    drafter = Drafter(
+        cache, cost_profile=CostProfile.from_json({str(k): v for k, v in profile.items()})
+    )
+    pld = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=10)
+    ns = "bench"
+    todo = _load_turns(workload, turns)
+    if not todo:
+        raise click.ClickException(f"{workload}: no assistant turns")
+
+    agg: dict[str, dict[str, float]] = {
+        m: {
+            "tokens": 0,
+            "rate_tokens": 0,
+            "decode_s": 0.0,
+            "prompt_s": 0.0,
+            "total_s": 0.0,
+            "prompt_tokens": 0,
+            "cached_prompt_tokens": 0,
+            "steps": 0,
+            "drafted": 0,
+            "accepted": 0,
+        }
+        for m in wanted
+    }
+    verdicts = {m: {"identical": 0, "near_tie": 0, "diverged": 0} for m in wanted if m != "plain"}
+    diverged: list[dict[str, Any]] = []
+    last_prompt: dict[str, list[int]] = {}
+    current: str | None = None
+    next_seq = 0
+    skipped = 0
+    for session, msgs in tqdm(todo, desc="turns", disable=as_json, file=sys.stderr):
+        prompt = renderer.tokens(msgs)
+        if len(prompt) + max_tokens + 64 > n_ctx // 2:
+            skipped += 1
+            continue
+        if session != current:
+            if current is not None and cache.has_session(ns, current):
+                cache.close_session(ns, current)
+                for m in wanted:
+                    verifier.forget(f"{m}/{current}")
+            current = session
+        # The suffixd session tree sees the new prompt tokens before generating: a
+        # later prompt repeats the earlier one, so only its new part is appended.
+        prev = last_prompt.get(session)
+        if not cache.has_session(ns, session):
+            cache.open_session(ns, session, prompt)
+        elif prev is not None and prompt[: len(prev)] == prev:
+            cache.append_session(ns, session, prompt[len(prev) :])
+        else:
+            cache.append_session(ns, session, prompt)
+        last_prompt[session] = prompt
+        params = GenerateParams(max_tokens=max_tokens, record_gaps=True)
+        proposers = {
+            "plain": None,
+            "suffixd": lambda ctx, k, _s=session: drafter.propose(ns, _s, ctx, max_tokens=k),
+            "pld": lambda ctx, k: [int(t) for t in pld(np.asarray(ctx, dtype=np.intc))[:k]],
+        }
+        results: dict[str, tuple[list[int], list[Any]]] = {}
+        for m in wanted:
+            toks: list[int] = []
+            gaps: list[Any] = []
+            last = None
+            on_step = drafter.observe if m == "suffixd" else None
+            for chunk in verifier.generate(f"{m}/{session}", prompt, params, proposers[m], on_step):
+                toks += chunk.tokens
+                gaps += chunk.gaps
+                last = chunk
+            assert last is not None and last.stats is not None
+            st = last.stats
+            a = agg[m]
+            a["tokens"] += st.completion_tokens
+            a["rate_tokens"] += max(0, st.completion_tokens - 1)
+            a["decode_s"] += st.decode_s
+            a["prompt_s"] += st.prompt_s
+            a["total_s"] += st.total_s
+            a["prompt_tokens"] += st.prompt_tokens
+            a["cached_prompt_tokens"] += st.cached_prompt_tokens
+            a["steps"] += st.steps
+            a["drafted"] += st.drafted_tokens
+            a["accepted"] += st.accepted_tokens
+            results[m] = (toks, gaps)
+            if m == "suffixd":
+                cache.append_session(ns, session, toks)
+                if toks:
+                    cache.add_response(ns, next_seq, toks)
+                    next_seq += 1
+        for m in verdicts:
+            verdict, where = certify_greedy(results["plain"][1], results[m][1])
+            verdicts[m][verdict] += 1
+            if verdict == "diverged" and len(diverged) < 10:
+                ref_g, cand_g = results["plain"][1], results[m][1]
+                diverged.append(
+                    {
+                        "mode": m,
+                        "session": session,
+                        "position": where,
+                        "plain": ref_g[where].top[:3] if where < len(ref_g) else None,
+                        m: cand_g[where].top[:3] if where < len(cand_g) else None,
+                    }
+                )
+
+    n_turns = len(todo) - skipped
+
+    def rate(m: str) -> float:
+        a = agg[m]
+        return a["rate_tokens"] / a["decode_s"] if a["decode_s"] > 0 else 0.0
+
+    out: dict[str, Any] = {
+        "workload": str(workload),
+        "turns": n_turns,
+        "skipped_turns": skipped,
+        "max_tokens": max_tokens,
+        "threads": threads,
+        "cost_profile": {str(k): v for k, v in profile.items()},
+        "near_tie_gap": NEAR_TIE_GAP,
+    }
+    for m in wanted:
+        a = agg[m]
+        out[f"{m}_tok_s"] = round(rate(m), 2)
+        out[f"{m}_prompt_s"] = round(a["prompt_s"], 3)
+        out[f"{m}_turn_latency_s"] = round(a["total_s"] / max(n_turns, 1), 4)
+        out[f"{m}_tokens"] = int(a["tokens"])
+        out[f"{m}_tokens_per_step"] = round(a["tokens"] / max(a["steps"], 1), 3)
+        if m != "plain":
+            out[f"{m}_accept_rate"] = round(a["accepted"] / max(a["drafted"], 1), 3)
+            out[f"{m}_drafted_per_step"] = round(a["drafted"] / max(a["steps"], 1), 3)
+    out["cached_prompt_fraction"] = round(
+        agg["plain"]["cached_prompt_tokens"] / max(agg["plain"]["prompt_tokens"], 1), 3
+    )
+    if "suffixd" in wanted:
+        out["speedup_vs_plain"] = round(rate("suffixd") / max(rate("plain"), 1e-9), 3)
+        if "pld" in wanted:
+            out["speedup_vs_pld"] = round(rate("suffixd") / max(rate("pld"), 1e-9), 3)
+    if "pld" in wanted:
+        out["pld_speedup_vs_plain"] = round(rate("pld") / max(rate("plain"), 1e-9), 3)
+    main = "suffixd" if "suffixd" in verdicts else next(iter(verdicts), None)
+    out["identical_turns"] = verdicts[main]["identical"] if main else n_turns
+    out["near_tie_turns"] = verdicts[main]["near_tie"] if main else 0
+    out["verdicts"] = verdicts
+    out["identical_outputs"] = all(v["diverged"] == 0 for v in verdicts.values())
+    out["diverged"] = diverged
+    verifier.close()
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    click.echo(f"{workload.name}: {n_turns} turns, {max_tokens} tokens max, {threads} threads")
+    click.echo(f"cost profile (k: cost relative to 1): {out['cost_profile']}")
+    click.echo(
+        f"{'mode':<8} {'tok/s':>8} {'tok/step':>9} {'accept':>7} {'prompt s':>9} {'turn s':>8}"
+    )
+    for m in wanted:
+        click.echo(
+            f"{m:<8} {out[f'{m}_tok_s']:>8.2f} {out[f'{m}_tokens_per_step']:>9.2f} "
+            f"{out.get(f'{m}_accept_rate', 0.0):>7.3f} {out[f'{m}_prompt_s']:>9.2f} "
+            f"{out[f'{m}_turn_latency_s']:>8.3f}"
+        )
+    for k in ("speedup_vs_plain", "speedup_vs_pld", "pld_speedup_vs_plain"):
+        if k in out:
+            click.echo(f"{k}: {out[k]:.3f}")
+    click.echo(f"greedy equivalence: {verdicts}  identical_outputs={out['identical_outputs']}")

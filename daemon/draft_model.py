@@ -1,0 +1,244 @@
+"""The fallback draft model: a second, smaller GGUF that drafts when the trees have nothing.
+
+It must share the target's vocabulary (checked at load). Whether it is used is
+decided step by step from measurements on this machine: what verifying a batch
+of k tokens costs the target, what one draft-model token costs, and how often
+its tokens are accepted. It drafts only while the expected tokens per second
+beat plain decoding; otherwise the verifier decodes plainly. The decisions are
+counted (``stats()``) so that `suffixd stats` and the final chunk can show them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .verifier import GenerateParams, Verifier
+
+PRIOR_ACCEPT = 0.6  # per-token acceptance assumed before any feedback
+PRIOR_WEIGHT = 8.0  # pseudo-trials behind the prior
+DECAY = 0.98  # acceptance follows the recent steps (about the last fifty)
+PROBE_EVERY = 64  # while unprofitable, draft once in a while to re-measure acceptance
+MARGIN = 1.05  # demand a 5% expected gain before paying for drafts
+
+
+class VocabularyMismatchError(ValueError):
+    pass
+
+
+def vocabulary_digest(model: Any) -> str:
+    """A hash of every token's bytes, in id order (``model`` has vocab_size/token_bytes)."""
+    h = hashlib.sha256(str(model.vocab_size).encode())
+    for t in range(model.vocab_size):
+        h.update(model.token_bytes(t))
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def check_vocabulary(target: Any, draft: Any, draft_path: str | Path = "draft model") -> None:
+    if target.vocab_size != draft.vocab_size:
+        raise VocabularyMismatchError(
+            f"{draft_path}: vocabulary of {draft.vocab_size} tokens, the target model has "
+            f"{target.vocab_size}; a draft model must share the target's tokenizer"
+        )
+    if vocabulary_digest(target) != vocabulary_digest(draft):
+        raise VocabularyMismatchError(
+            f"{draft_path}: same vocabulary size as the target but different tokens; "
+            "a draft model must share the target's tokenizer"
+        )
+
+
+@dataclass
+class ModelDraft:
+    tokens: list[int]
+    source: str = "draft_model"
+    parents: list[int] = field(default_factory=list)
+
+    def path(self) -> list[int]:
+        return list(self.tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class DraftModel:
+    """Greedy drafts from a second GGUF; its KV cache follows the context by prefix reuse."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        target: Verifier,
+        *,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self._llm = Verifier(
+            self.path,
+            n_ctx=n_ctx or target.n_ctx,
+            n_threads=n_threads or target.n_threads,
+            n_slots=1,
+        )
+        try:
+            check_vocabulary(target, self._llm, self.path)
+        except Exception:
+            self._llm.close()
+            raise
+        self._lock = threading.Lock()  # one KV slot: one drafting context at a time
+
+    def draft(self, context: Sequence[int], k: int) -> list[int]:
+        params = GenerateParams(max_tokens=k, ignore_eos=True, max_draft=0)
+        with self._lock:
+            return [t for c in self._llm.generate("draft", context, params) for t in c.tokens]
+
+    def seconds_per_token(self, context: Sequence[int], k: int = 8, reps: int = 2) -> float:
+        """Time of one drafted token at the given context (prompt already cached)."""
+        self.draft(context, 1)
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            self.draft(context, k)
+            best = min(best, (time.perf_counter() - t0) / k)
+            self.draft(context, 1)  # roll the KV back to the context
+        return best
+
+    def close(self) -> None:
+        self._llm.close()
+
+
+class AdaptiveDrafter:
+    """Decides, per step, whether the draft model pays and how many tokens to draft.
+
+    With per-token acceptance a, k drafted tokens yield 1 + a + ... + a^k tokens
+    for k * t_draft + t_verify(k + 1) seconds; plain decoding yields one token
+    per t_verify(1). Drafts of the best k are used only while their expected
+    rate beats plain decoding by ``MARGIN``.
+    """
+
+    def __init__(
+        self,
+        draft: Callable[[Sequence[int], int], list[int]],
+        verify_seconds: dict[int, float],
+        draft_seconds: float,
+        max_tokens: int = 8,
+    ) -> None:
+        self._draft = draft
+        self.verify_seconds = dict(sorted(verify_seconds.items()))
+        self.draft_seconds = draft_seconds
+        self.max_tokens = max_tokens
+        self._hits = PRIOR_ACCEPT * PRIOR_WEIGHT
+        self._trials = PRIOR_WEIGHT
+        self._since_probe = 0
+        self._lock = threading.Lock()
+        self.counts = {"used": 0, "skipped": 0, "probes": 0, "drafted": 0, "accepted": 0}
+
+    @property
+    def acceptance(self) -> float:
+        return self._hits / self._trials
+
+    def _t_verify(self, k: int) -> float:
+        ks = list(self.verify_seconds)
+        if k in self.verify_seconds:
+            return self.verify_seconds[k]
+        if k > ks[-1]:  # extrapolate linearly from the last two points
+            a, b = ks[-2], ks[-1]
+            slope = (self.verify_seconds[b] - self.verify_seconds[a]) / (b - a)
+            return self.verify_seconds[b] + slope * (k - b)
+        lo = max(x for x in ks if x < k)
+        hi = min(x for x in ks if x > k)
+        f = (k - lo) / (hi - lo)
+        return self.verify_seconds[lo] * (1 - f) + self.verify_seconds[hi] * f
+
+    def plan(self, limit: int, acceptance: float | None = None) -> tuple[int, float]:
+        """(best k, its expected tokens/s relative to plain decoding); k = 0: don't draft."""
+        a = self.acceptance if acceptance is None else acceptance
+        plain = 1.0 / self._t_verify(1)
+        best_k, best = 0, 1.0
+        expected = 1.0
+        for k in range(1, min(limit, self.max_tokens) + 1):
+            expected += a**k
+            rate = expected / (k * self.draft_seconds + self._t_verify(k + 1))
+            if rate / plain > best:
+                best_k, best = k, rate / plain
+        return (best_k, best) if best >= MARGIN else (0, best)
+
+    def __call__(self, context: Sequence[int], limit: int) -> ModelDraft | None:
+        with self._lock:
+            k, _ = self.plan(limit)
+            if k == 0:
+                # Acceptance may have improved since it was measured: probe now and
+                # then, but only if perfect acceptance could pay at all.
+                self._since_probe += 1
+                if self._since_probe < PROBE_EVERY or self.plan(limit, 1.0)[0] == 0:
+                    self.counts["skipped"] += 1
+                    return None
+                self._since_probe = 0
+                self.counts["probes"] += 1
+                k = min(limit, 2)
+            self.counts["used"] += 1
+        tokens = self._draft(context, k)
+        return ModelDraft(tokens) if tokens else None
+
+    def observe(self, draft: Any, accepted: int) -> None:
+        n = len(draft.path())
+        with self._lock:
+            # per-token acceptance: a run of `accepted` hits ended by a miss (if any)
+            trials = accepted + (1 if accepted < n else 0)
+            self._hits = self._hits * DECAY**trials + accepted
+            self._trials = self._trials * DECAY**trials + trials
+            self.counts["drafted"] += n
+            self.counts["accepted"] += accepted
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            k, gain = self.plan(self.max_tokens)
+            return {
+                **self.counts,
+                "acceptance": round(self.acceptance, 3),
+                "draft_ms_per_token": round(self.draft_seconds * 1000, 3),
+                "verify_ms": {k_: round(v * 1000, 3) for k_, v in self.verify_seconds.items()},
+                "planned_k": k,
+                "expected_speedup": round(gain, 3),
+            }
+
+
+def measure(target: Verifier, draft_model: DraftModel, max_tokens: int = 8) -> AdaptiveDrafter:
+    """Measure both models on this machine and build the adaptive drafter."""
+    ks = tuple(range(1, max_tokens + 2))
+    target.measure_cost_profile(ks=ks, reps=3)
+    verify_seconds = dict(target.cost_seconds)
+    ctx = [target.bos_token] + [(13 * i + 200) % target.vocab_size for i in range(127)]
+    per_token = draft_model.seconds_per_token(ctx)
+    return AdaptiveDrafter(draft_model.draft, verify_seconds, per_token, max_tokens)
+
+
+class FallbackProposer:
+    """Suffix-tree drafts first; the adaptive draft model when the trees offer nothing."""
+
+    def __init__(
+        self,
+        primary: Callable[[list[int], int], Any] | None,
+        fallback: AdaptiveDrafter | None,
+        primary_observe: Callable[[Any, int], None] | None = None,
+    ) -> None:
+        self.primary = primary
+        self.fallback = fallback
+        self.primary_observe = primary_observe
+
+    def __call__(self, context: list[int], k: int) -> Any:
+        draft = self.primary(context, k) if self.primary is not None else None
+        if draft is not None and len(draft.path() if hasattr(draft, "path") else draft) > 0:
+            return draft
+        return self.fallback(context, k) if self.fallback is not None else draft
+
+    def observe(self, draft: Any, accepted: int) -> None:
+        if isinstance(draft, ModelDraft):
+            if self.fallback is not None:
+                self.fallback.observe(draft, accepted)
+        elif self.primary_observe is not None:
+            self.primary_observe(draft, accepted)
