@@ -25,6 +25,7 @@ from suffixd.v1 import suffixd_pb2 as pb
 from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
 
 from .errors import UnavailableError, from_rpc_error
+from .generate import GenerateMixin
 from .types import (
     KINDS,
     AppendResult,
@@ -96,7 +97,7 @@ class Session:
         self.close()
 
 
-class Client:
+class Client(GenerateMixin):  # generate(): client/generate.py
     def __init__(
         self,
         target: str | None = None,
