@@ -96,6 +96,8 @@ class Tokenizer:
         h.update(str(self.vocab_size).encode())
         for token_id in range(self.vocab_size):
             piece = self._llama._model.token_get_text(token_id)
-            h.update(piece.encode("utf-8", errors="surrogatepass") if isinstance(piece, str) else piece)
+            h.update(
+                piece.encode("utf-8", errors="surrogatepass") if isinstance(piece, str) else piece
+            )
             h.update(b"\x00")
         return h.hexdigest()[:32]
