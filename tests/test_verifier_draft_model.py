@@ -86,6 +86,9 @@ def test_real_draft_model_measured_and_lossless() -> None:
             assert st["planned_k"] == 0, repr(st)
         # forced (as if it were cheap), drafts are verified losslessly
         forced = AdaptiveDrafter(dm.draft, policy.verify_seconds, draft_seconds=1e-4, max_tokens=4)
+        for _ in range(30):  # as if it had been accepted so far: the policy now drafts
+            forced.observe(ModelDraft([1, 1, 1, 1]), 4)
+        assert forced.plan(4)[0] > 0, forced.stats()
         prompt = target.tokenize("Schema: CREATE TABLE singer (id, name, age); SQL:", add_bos=True)
         params = GenerateParams(max_tokens=16, record_gaps=True)
         ref = [g for c in target.generate("p", prompt, params) for g in c.gaps]
