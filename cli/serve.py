@@ -24,6 +24,10 @@ import click
 @click.option("--model", default="default", show_default=True,
               help="GGUF model (its tokenizer; the verifier uses it too). 'default' is the "
                    "embedded gemma-3-270m; 'none' serves token ids only.")
+@click.option("--draft-model", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None,
+              help="A small GGUF with the target's vocabulary, drafting when the trees have "
+                   "nothing (used only while measured to beat plain decoding).")
 @click.option("--workers", type=int, default=32, show_default=True, help="RPC worker threads.")
 @click.option("--global-budget-tokens", type=int, default=4_000_000, show_default=True,
               help="Tokens kept in each namespace's global tree (oldest responses evicted).")
@@ -51,6 +55,7 @@ def serve(
     tls_cert: Path | None,
     tls_key: Path | None,
     model: str,
+    draft_model: Path | None,
     workers: int,
     global_budget_tokens: int,
     max_sessions: int,
@@ -88,7 +93,11 @@ def serve(
         cache=CacheConfig(global_budget_tokens=global_budget_tokens),
         sync=not no_sync,
         background_rebuild=rebuild == "background",
-        extra={"metrics_addr": metrics_addr} if metrics_addr else {},
+        extra={
+            key: value
+            for key, value in (("metrics_addr", metrics_addr), ("draft_model", draft_model))
+            if value
+        },
     )
     try:
         code = run(cfg)

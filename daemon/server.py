@@ -76,6 +76,26 @@ class ServeConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # options for extra services
 
 
+def check_draft_vocabulary(engine: Any, path: Path) -> None:
+    """Refuses a draft model whose vocabulary differs from the target's (its drafts
+    would be token ids of another tokenizer)."""
+    from .model import Tokenizer
+
+    target = getattr(engine, "tokenizer", None)
+    if target is None:
+        raise ServeError("--draft-model needs a target model (not --model none)")
+    try:
+        draft = Tokenizer(path)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ServeError(f"cannot load the draft model {path}: {exc}") from None
+    if draft.fingerprint != target.fingerprint:
+        raise ServeError(
+            f"the draft model {path} does not share the target's vocabulary "
+            f"({draft.vocab_size} tokens, fingerprint {draft.fingerprint} vs "
+            f"{target.vocab_size} tokens, {target.fingerprint})"
+        )
+
+
 class DataDirLock:
     """Exclusive lock on a data directory, held for the daemon's lifetime."""
 
@@ -295,6 +315,10 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
         except FileNotFoundError as exc:
             raise ServeError(str(exc)) from None
         engine.serve_config = cfg  # type: ignore[attr-defined]
+        draft_model = cfg.extra.get("draft_model")
+        if draft_model:
+            check_draft_vocabulary(engine, Path(draft_model))
+            engine.draft_model_path = Path(draft_model)  # type: ignore[attr-defined]
         server, bound = build_server(engine, cfg)
         stop = threading.Event()
 
