@@ -250,3 +250,22 @@ def test_killed_warm_process_resumes_consistently(daemon: Any, tmp_path: Path) -
     assert sum(f.sequences for f in files.values()) == per * n_files
     corpus = daemon.stats(ns)["namespaces"][0]["corpus"]
     assert int(corpus["sequences"]) == per * n_files
+
+
+def test_accepted_corpus_tokens_are_credited_to_their_file(daemon: Any, tmp_path: Path) -> None:
+    corpus = tmp_path / "credit"
+    corpus.mkdir()
+    (corpus / "a.sql").write_text(SQL_A + "\n")
+    (corpus / "b.sql").write_text(SQL_B + "\n")
+    run_warm(daemon, "--corpus", str(corpus), "--namespace", "credit")
+    ids = daemon.tokenize(SQL_B)
+    k = len(ids) // 3
+    with daemon.session(namespace="credit") as s:
+        s.append(tokens=ids[:k], kind="prompt")
+        draft = s.speculate(max_tokens=32)
+        assert draft.source == "corpus" and len(draft.tokens) > 0
+        truth = ids[k : k + len(draft.tokens) + 1]
+        s.append(tokens=truth, kind="generated")  # the daemon compares with its last draft
+    top = daemon.stats(namespace="credit")["namespaces"][0]["top_documents"]
+    assert top, "no corpus document was credited"
+    assert top[0]["doc_key"].endswith("b.sql") and int(top[0]["accepted"]) > 0
