@@ -18,7 +18,7 @@ import grpc.aio
 from suffixd.v1 import suffixd_pb2 as pb
 from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
 
-from .client import channel_options
+from .client import auth_metadata, make_channel
 from .errors import UnavailableError, from_rpc_error
 from .types import (
     KINDS,
@@ -85,15 +85,10 @@ class AsyncClient:
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
-        self.metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {token}"),) if token else ()
-        )
-        opts = channel_options(max_message_bytes)
-        if tls or root_certificates:
-            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
-            self.channel = grpc.aio.secure_channel(self.target, creds, options=opts)
-        else:
-            self.channel = grpc.aio.insecure_channel(self.target, options=opts)
+        self.metadata = auth_metadata(token)
+        self.channel = make_channel(grpc.aio, self.target, tls=tls,
+                                    root_certificates=root_certificates,
+                                    max_message_bytes=max_message_bytes)
         self.stub = pb_grpc.SuffixdStub(self.channel)
 
     async def close(self) -> None:

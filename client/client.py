@@ -48,6 +48,20 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:
     ]
 
 
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def make_channel(grpc_module: Any, target: str, *, tls: bool, root_certificates: bytes | None,
+                 max_message_bytes: int) -> Any:
+    """A channel from ``grpc`` or ``grpc.aio`` (same factory signatures)."""
+    opts = channel_options(max_message_bytes)
+    if tls or root_certificates:
+        creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+        return grpc_module.secure_channel(target, creds, options=opts)
+    return grpc_module.insecure_channel(target, options=opts)
+
+
 class Session:
     """An open session; use as a context manager to close it on exit."""
 
@@ -114,15 +128,10 @@ class Client(GenerateMixin):  # generate(): client/generate.py
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
-        self.metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {token}"),) if token else ()
-        )
-        opts = channel_options(max_message_bytes)
-        if tls or root_certificates:
-            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
-            self.channel = grpc.secure_channel(self.target, creds, options=opts)
-        else:
-            self.channel = grpc.insecure_channel(self.target, options=opts)
+        self.metadata = auth_metadata(token)
+        self.channel = make_channel(grpc, self.target, tls=tls,
+                                    root_certificates=root_certificates,
+                                    max_message_bytes=max_message_bytes)
         self.stub = pb_grpc.SuffixdStub(self.channel)
 
     # -- plumbing ----------------------------------------------------------
