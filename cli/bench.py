@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import click
@@ -46,6 +46,32 @@ def load_workload(path: Path, tokenizer: object, limit_sessions: int | None) -> 
             if limit_sessions is not None and len(sessions) >= limit_sessions:
                 break
     return sessions
+
+
+def workload_args(command: Callable[..., None]) -> Callable[..., None]:
+    """WORKLOAD and --tokenizer, shared by the commands that replay a workload."""
+    command = click.option(
+        "--tokenizer",
+        "tokenizer_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="GGUF whose vocabulary tokenizes the workload (default: embedded gemma-3-270m).",
+    )(command)
+    return click.argument(
+        "workload", type=click.Path(exists=True, dir_okay=False, path_type=Path)
+    )(command)
+
+
+def tokenized_workload(
+    workload: Path, tokenizer_path: Path | None, limit_sessions: int | None
+) -> list[Session]:
+    from suffixd.daemon.model import Tokenizer, resolve_model_path
+
+    try:
+        tokenizer = Tokenizer(resolve_model_path(tokenizer_path))
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(f"cannot load the tokenizer: {exc}") from None
+    return load_workload(workload, tokenizer, limit_sessions)
 
 
 class PromptLookupSource:
@@ -118,14 +144,7 @@ FIGURE_ORDER = [
 
 
 @bench.command("replay")
-@click.argument("workload", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--tokenizer",
-    "tokenizer_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="GGUF whose vocabulary tokenizes the workload (default: embedded gemma-3-270m).",
-)
+@workload_args
 @click.option(
     "--cost-profile",
     default=None,
@@ -177,15 +196,10 @@ def replay_cmd(
     as_json: bool,
 ) -> None:
     """Replay WORKLOAD.jsonl with the replay protocol of the shared data README."""
-    from suffixd.daemon.model import Tokenizer, resolve_model_path
     from tqdm import tqdm
 
     profile = _load_profile(cost_profile)
-    try:
-        tokenizer = Tokenizer(resolve_model_path(tokenizer_path))
-    except (FileNotFoundError, ValueError, RuntimeError) as exc:
-        raise click.ClickException(f"cannot load the tokenizer: {exc}") from None
-    sessions = load_workload(workload, tokenizer, limit_sessions)
+    sessions = tokenized_workload(workload, tokenizer_path, limit_sessions)
     total = sum(len(m.content) for s in sessions for m in s.messages if m.role == "assistant")
     results = {}
     for name in sources or ("suffixd",):
@@ -240,14 +254,7 @@ def _print_table(workload: str, results: dict[str, dict]) -> None:
 
 
 @bench.command("tree")
-@click.argument("workload", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--tokenizer",
-    "tokenizer_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="GGUF whose vocabulary tokenizes the workload.",
-)
+@workload_args
 @click.option("--max-depth", default=64, show_default=True, type=click.IntRange(1, 4096))
 @click.option("--sessions", "limit_sessions", type=click.IntRange(1), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -262,12 +269,9 @@ def tree_cmd(
     import random
     import time
 
-    from suffixd.daemon.model import Tokenizer, resolve_model_path
-
     from suffixcache import SuffixTree
 
-    tokenizer = Tokenizer(resolve_model_path(tokenizer_path))
-    sessions = load_workload(workload, tokenizer, limit_sessions)
+    sessions = tokenized_workload(workload, tokenizer_path, limit_sessions)
     seqs = [m.content for s in sessions for m in s.messages if m.role == "assistant" and m.content]
     n_tokens = sum(len(q) for q in seqs)
     if not n_tokens:
