@@ -1,6 +1,7 @@
 """Daemon benchmarks: RPC throughput, restart time, durable ingest rate, kill -9 crash test.
 
     python bench/daemon_bench.py rpc --clients 16 --seconds 30 [--procs 4]
+    python bench/daemon_bench.py rpc --mode unary --mode stream --mode stream-deferred
     python bench/daemon_bench.py restart --tokens 5000000
     python bench/daemon_bench.py crash --rounds 3
 
@@ -10,7 +11,16 @@ LMDB with fsync, embedded gemma tokenizer) and prints one JSON object per result
 rpc: each client replays spider_dev agent turns (tokenized with the daemon's vocabulary) as
 an external verifier would: open a session, append the prompt, then per step Speculate on
 the session's tail and Append (kind generated) the accepted tokens plus one bonus token, so
-every Append is durable. Reported: speculate RPC/s, all RPC/s, p50/p99 latency per method.
+every Append is durable. Reported: speculate RPC/s, all RPC/s, p50/p99 latency per method,
+and the daemon's CPU time per speculate (from /proc). Modes (one fresh daemon each, run one
+after the other so they compare side by side):
+
+* ``unary``: Speculate + Append RPCs per step;
+* ``step``: one Speculate RPC carrying the append per step;
+* ``stream``: one SpeculateStream per session (Client.stepper), one message per step, each
+  step's append committed before its reply;
+* ``stream-deferred``: the same with defer_commit (replies do not wait for the fsync; the
+  final response append still does).
 """
 
 from __future__ import annotations
@@ -108,9 +118,39 @@ def load_responses(workloads: list[str]) -> list[list[int]]:
 
 
 # ----------------------------------------------------------------------------- rpc
+def _stream_turn(c: Any, sid: str, prompt: list[int], resp: list[int], end: float,
+                 spec_lat: list[float], app_lat: list[float], defer: bool) -> tuple[int, int]:
+    """One turn on a SpeculateStream: the first message appends the prompt and gets the
+    first draft (its latency counts as a speculate's), then one message per step, the last
+    one appending the end of the response without a draft. Returns (proposed, accepted)."""
+    pc = time.perf_counter
+    accepted = proposed = pos = 0
+    with c.stepper("bench", sid, max_tokens=16, defer_commit=defer) as st:
+        t = pc()
+        d = st.step(prompt, kind="prompt")
+        spec_lat.append(pc() - t)
+        while pos < len(resp) and time.time() < end:
+            n = 0
+            for a, b in zip(d.tokens, resp[pos:], strict=False):
+                if a != b:
+                    break
+                n += 1
+            proposed += len(d.tokens)
+            accepted += n
+            step = resp[pos: pos + n + 1]
+            pos += len(step)
+            final = pos >= len(resp)
+            t = pc()
+            d = st.step(step, final=final, draft=not final)
+            (app_lat if final else spec_lat).append(pc() - t)
+    return proposed, accepted
+
+
 def _client_loop(target: str, turns: list[tuple[list[int], list[int]]], seconds: float,
-                 idx: int, out: dict[str, Any], start_at: float, combined: bool) -> None:
+                 idx: int, out: dict[str, Any], start_at: float, mode: str) -> None:
     from suffixd.client import Client
+
+    combined = mode == "step"
 
     c = Client(target, retries=0, timeout=30)
     spec_lat: list[float] = []
@@ -128,6 +168,13 @@ def _client_loop(target: str, turns: list[tuple[list[int], list[int]]], seconds:
         prompt, resp = turns[order[k % len(order)]]
         k += 1
         sid = c.open_session("bench", f"c{idx}-{k}").session_id
+        if mode.startswith("stream"):
+            p, a = _stream_turn(c, sid, prompt, resp, end, spec_lat, app_lat,
+                                mode == "stream-deferred")
+            proposed += p
+            accepted += a
+            c.close_session("bench", sid)
+            continue
         c.append("bench", sid, prompt, kind="prompt")
         pos = 0
         t = pc()
@@ -161,18 +208,25 @@ def _client_loop(target: str, turns: list[tuple[list[int], list[int]]], seconds:
                      "sessions": k}
 
 
-def _proc_worker(args: tuple[str, list[Any], float, int, int, float, bool]) -> dict[str, Any]:
-    target, turns, seconds, first, n_threads, start_at, combined = args
+def _proc_worker(args: tuple[str, list[Any], float, int, int, float, str]) -> dict[str, Any]:
+    target, turns, seconds, first, n_threads, start_at, mode = args
     out: dict[str, Any] = {}
     threads = [threading.Thread(target=_client_loop,
-                                args=(target, turns, seconds, first + i, out, start_at,
-                                      combined))
+                                args=(target, turns, seconds, first + i, out, start_at, mode))
                for i in range(n_threads)]
+    c0 = time.process_time()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    out["cpu_s"] = time.process_time() - c0
     return out
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -183,8 +237,16 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def bench_rpc(clients: int, seconds: float, procs: int, turns_n: int, extra: list[str],
-              combined: bool) -> None:
+              modes: list[str]) -> None:
     turns = load_turns("spider_dev", turns_n)
+    for mode in modes:
+        _bench_rpc_mode(clients, seconds, procs, turns, extra, mode)
+
+
+def _bench_rpc_mode(clients: int, seconds: float, procs: int,
+                    turns: list[tuple[list[int], list[int]]], extra: list[str],
+                    mode: str) -> None:
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "data"
         proc, target, _ = start_daemon(data_dir, *extra)
@@ -202,17 +264,22 @@ def bench_rpc(clients: int, seconds: float, procs: int, turns_n: int, extra: lis
             firsts = [sum(per[:i]) for i in range(procs)]
             ctx = mp.get_context("spawn")
             with ctx.Pool(procs) as pool:
+                # The daemon's CPU over the whole run (client start-up and the drain
+                # included, so a slight over-estimate per call).
+                cpu0 = _cpu_s(proc.pid)
                 parts = pool.map(_proc_worker, [(target, turns, seconds, firsts[i], per[i],
-                                                 start_at, combined) for i in range(procs)])
+                                                 start_at, mode) for i in range(procs)])
+                server_cpu = _cpu_s(proc.pid) - cpu0
         finally:
             stop_daemon(proc)
+    client_cpu = sum(p.pop("cpu_s") for p in parts)
     spec = [x for p in parts for r in p.values() for x in r["spec"]]
     app = [x for p in parts for r in p.values() for x in r["app"]]
     acc = sum(r["acc"] for p in parts for r in p.values())
     prop = sum(r["prop"] for p in parts for r in p.values())
     sessions = sum(r["sessions"] for p in parts for r in p.values())
     print(json.dumps({
-        "bench": "rpc", "mode": "step" if combined else "speculate+append",
+        "bench": "rpc", "mode": mode, "load_before": load_before,
         "clients": clients, "client_procs": procs, "seconds": seconds,
         "speculate_rpc_s": round(len(spec) / seconds, 1),
         "all_rpc_s": round((len(spec) + len(app) + 3 * sessions) / seconds, 1),
@@ -221,7 +288,10 @@ def bench_rpc(clients: int, seconds: float, procs: int, turns_n: int, extra: lis
         "speculate_ms_mean": round(statistics.fmean(spec) * 1000, 3) if spec else None,
         "draft_tokens_accepted_per_step": round(acc / max(1, len(spec)), 3),
         "accept_rate": round(acc / max(1, prop), 3),
-    }))
+        "server_cpu_us_per_speculate": round(server_cpu / max(1, len(spec)) * 1e6, 1),
+        "client_cpu_us_per_speculate": round(client_cpu / max(1, len(spec)) * 1e6, 1),
+        "server_cpu_s": round(server_cpu, 2), "client_cpu_s": round(client_cpu, 2),
+    }), flush=True)
 
 
 # ----------------------------------------------------------------------------- restart
@@ -362,7 +432,12 @@ def main() -> None:
     r.add_argument("--turns", type=int, default=400)
     r.add_argument("--serve-arg", action="append", default=[], help="extra `serve` argument")
     r.add_argument("--step", action="store_true",
-                   help="one Speculate-with-append RPC per step instead of Speculate + Append")
+                   help="one Speculate-with-append RPC per step (same as --mode step)")
+    r.add_argument("--stream", action="store_true",
+                   help="one SpeculateStream per session (same as --mode stream)")
+    r.add_argument("--mode", action="append", default=[],
+                   choices=["unary", "step", "stream", "stream-deferred"],
+                   help="repeatable; each mode on a fresh daemon, one after the other")
     s = sub.add_parser("restart")
     s.add_argument("--tokens", type=int, default=5_000_000)
     s.add_argument("--batch-tokens", type=int, default=65536)
@@ -371,7 +446,8 @@ def main() -> None:
     c.add_argument("--writers", type=int, default=8)
     a = ap.parse_args()
     if a.cmd == "rpc":
-        bench_rpc(a.clients, a.seconds, a.procs, a.turns, a.serve_arg, a.step)
+        modes = a.mode + ["step"] * a.step + ["stream"] * a.stream
+        bench_rpc(a.clients, a.seconds, a.procs, a.turns, a.serve_arg, modes or ["unary"])
     elif a.cmd == "restart":
         bench_restart(a.tokens, a.batch_tokens)
     else:

@@ -19,7 +19,7 @@ from suffixd.v1 import suffixd_pb2 as pb
 from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
 
 from .client import auth_metadata, make_channel
-from .errors import UnavailableError, from_rpc_error
+from .errors import InternalError, UnavailableError, from_rpc_error
 from .types import (
     KINDS,
     AppendResult,
@@ -30,7 +30,76 @@ from .types import (
     default_target,
     message_to_dict,
     speculate_request,
+    step_request,
 )
+
+
+class AsyncStepper:
+    """A session's decoding loop on one SpeculateStream (asyncio; see client.Stepper)::
+
+        async with session.stepper(max_tokens=16) as st:
+            draft = await st.step()
+            draft = await st.step(accepted + [bonus])
+    """
+
+    def __init__(self, client: AsyncClient, namespace: str, session_id: str,
+                 max_tokens: int | None = None, cost_profile: Mapping[int, float] | None = None,
+                 defer_commit: bool = False) -> None:
+        self.namespace = namespace
+        self.session_id = session_id
+        self.max_tokens = max_tokens
+        self.cost_profile = cost_profile
+        self.defer_commit = defer_commit
+        self.closed = False
+        self._first = True
+        self._call = client.stub.SpeculateStream(metadata=client.metadata)
+
+    async def step(self, accepted_tokens: Sequence[int] = (), *, max_tokens: int | None = None,
+                   final: bool = False, draft: bool = True,
+                   defer_commit: bool | None = None, kind: str = "generated") -> Draft:
+        """See client.Stepper.step."""
+        if self.closed:
+            raise ValueError("this stepper is closed")
+        req = step_request(
+            self.namespace, self.session_id, self._first, accepted_tokens,
+            self.max_tokens if max_tokens is None else max_tokens,
+            self.cost_profile if self._first else None, "response" if final else kind, draft,
+            self.defer_commit if defer_commit is None else defer_commit,
+        )
+        self._first = False
+        try:
+            await self._call.write(req)
+            resp = await self._call.read()
+        except grpc.RpcError as exc:
+            self.closed = True
+            raise from_rpc_error(exc) from None
+        if resp is grpc.aio.EOF:  # read() raises for a non-OK status, so this was OK
+            self.closed = True
+            raise InternalError(grpc.StatusCode.INTERNAL,
+                                "the daemon ended the stream without a reply")
+        return Draft.from_pb(resp)
+
+    async def close(self) -> None:
+        """Half-close and wait for the status: then everything appended is committed."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            await self._call.done_writing()
+            while await self._call.read() is not grpc.aio.EOF:
+                pass
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    def cancel(self) -> None:
+        self.closed = True
+        self._call.cancel()
+
+    async def __aenter__(self) -> AsyncStepper:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 class AsyncSession:
@@ -50,6 +119,12 @@ class AsyncSession:
                         cost_profile: Mapping[int, float] | None = None) -> Draft:
         return await self.client.speculate(self.namespace, self.id, context, max_tokens,
                                            cost_profile)
+
+    def stepper(self, max_tokens: int | None = None,
+                cost_profile: Mapping[int, float] | None = None,
+                defer_commit: bool = False) -> AsyncStepper:
+        return self.client.stepper(self.namespace, self.id, max_tokens, cost_profile,
+                                   defer_commit)
 
     async def describe(self, include_counters: bool = False) -> SessionInfo:
         return await self.client.describe_session(self.namespace, self.id, include_counters)
@@ -203,6 +278,12 @@ class AsyncClient:
         req.append.ids.extend(accepted_tokens)
         req.append_kind = KINDS["response" if final else "generated"]
         return Draft.from_pb(await self.call(self.stub.Speculate, req))
+
+    def stepper(self, namespace: str, session_id: str, max_tokens: int | None = None,
+                cost_profile: Mapping[int, float] | None = None,
+                defer_commit: bool = False) -> AsyncStepper:
+        """A decoding loop on one SpeculateStream (see AsyncStepper, client.Stepper)."""
+        return AsyncStepper(self, namespace, session_id, max_tokens, cost_profile, defer_commit)
 
     async def stats(self, namespace: str | None = None, session_id: str | None = None,
                     include_sessions: bool = False, top_documents: int = 10) -> dict[str, Any]:

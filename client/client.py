@@ -15,6 +15,8 @@ backoff, ``retries`` times.
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -24,7 +26,7 @@ import grpc
 from suffixd.v1 import suffixd_pb2 as pb
 from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
 
-from .errors import UnavailableError, from_rpc_error
+from .errors import InternalError, UnavailableError, from_rpc_error
 from .generate import GenerateMixin
 from .types import (
     KINDS,
@@ -36,6 +38,7 @@ from .types import (
     default_target,
     message_to_dict,
     speculate_request,
+    step_request,
 )
 
 T = TypeVar("T")
@@ -60,6 +63,112 @@ def make_channel(grpc_module: Any, target: str, *, tls: bool, root_certificates:
         creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
         return grpc_module.secure_channel(target, creds, options=opts)
     return grpc_module.insecure_channel(target, options=opts)
+
+
+class Stepper:
+    """A session's decoding loop on one SpeculateStream: one message and one reply per step,
+    far cheaper for the daemon than a unary RPC. Use as a context manager::
+
+        with session.stepper(max_tokens=16) as st:
+            draft = st.step()                       # the first draft, from the session tail
+            while ...:                              # verify the draft with your model
+                draft = st.step(accepted + [bonus]) # append them, get the next draft
+            st.step(last_tokens, final=True, draft=False)   # ends the response
+
+    Each step's tokens are committed durably before its reply (``defer_commit=True``:
+    answered at once, committed right behind; ``draft.durable_tokens`` tells how much is
+    committed, and closing the stepper waits for all of it). A failed step raises the
+    status's SuffixdError and ends the stream (nothing of that step was applied); no
+    retries, no deadline. Not thread-safe: one decoding loop per stepper.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        namespace: str,
+        session_id: str,
+        max_tokens: int | None = None,
+        cost_profile: Mapping[int, float] | None = None,
+        defer_commit: bool = False,
+    ) -> None:
+        self.namespace = namespace
+        self.session_id = session_id
+        self.max_tokens = max_tokens
+        self.cost_profile = cost_profile
+        self.defer_commit = defer_commit
+        self.closed = False
+        self._first = True
+        # The stream's request iterator: gRPC's sending thread blocks on this queue; None
+        # half-closes the stream.
+        self._requests: queue.SimpleQueue[pb.StepRequest | None] = queue.SimpleQueue()
+        self._call = client.stub.SpeculateStream(iter(self._requests.get, None),
+                                                 metadata=client.metadata)
+
+    def step(
+        self,
+        accepted_tokens: Sequence[int] = (),
+        *,
+        max_tokens: int | None = None,
+        final: bool = False,
+        draft: bool = True,
+        defer_commit: bool | None = None,
+        kind: str = "generated",
+    ) -> Draft:
+        """Append the tokens the verifier produced since the last step (``kind``
+        "generated"; ``final``: "response", which ends the response; "prompt" or "tool" for
+        other content, e.g. the prompt on the first step; none: nothing appended), then
+        draft from the session's new tail (``draft=False``: append only).
+        ``draft.accepted``: how many tokens of the previous draft the appended ones matched
+        (-1: nothing appended or no draft pending)."""
+        if self.closed:
+            raise ValueError("this stepper is closed")
+        req = step_request(
+            self.namespace, self.session_id, self._first, accepted_tokens,
+            self.max_tokens if max_tokens is None else max_tokens,
+            self.cost_profile if self._first else None, "response" if final else kind, draft,
+            self.defer_commit if defer_commit is None else defer_commit,
+        )
+        self._first = False
+        self._requests.put(req)
+        try:
+            resp = next(self._call)
+        except grpc.RpcError as exc:
+            self._end()
+            raise from_rpc_error(exc) from None
+        except StopIteration:
+            self._end()
+            raise InternalError(grpc.StatusCode.INTERNAL,
+                                "the daemon ended the stream without a reply") from None
+        return Draft.from_pb(resp)
+
+    def _end(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._requests.put(None)  # releases gRPC's sending thread
+
+    def close(self) -> None:
+        """Half-close the stream and wait for its status: once this returns, everything
+        the stepper appended is committed (also with defer_commit)."""
+        if self.closed:
+            return
+        self._end()
+        try:
+            for _ in self._call:
+                pass
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    def cancel(self) -> None:
+        """Abandon the stream without waiting (deferred commits may still be in flight)."""
+        self._end()
+        with contextlib.suppress(Exception):
+            self._call.cancel()
+
+    def __enter__(self) -> Stepper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Session:
@@ -93,6 +202,13 @@ class Session:
     def step(self, accepted_tokens: Sequence[int], max_tokens: int | None = None,
              final: bool = False) -> Draft:
         return self.client.step(self.namespace, self.id, accepted_tokens, max_tokens, final)
+
+    def stepper(self, max_tokens: int | None = None,
+                cost_profile: Mapping[int, float] | None = None,
+                defer_commit: bool = False) -> Stepper:
+        """The session's decoding loop on one stream (see Stepper)."""
+        return self.client.stepper(self.namespace, self.id, max_tokens, cost_profile,
+                                   defer_commit)
 
     def describe(self, include_counters: bool = False) -> SessionInfo:
         return self.client.describe_session(self.namespace, self.id, include_counters)
@@ -292,6 +408,18 @@ class Client(GenerateMixin):  # generate(): client/generate.py
         req.append.ids.extend(accepted_tokens)
         req.append_kind = KINDS["response" if final else "generated"]
         return Draft.from_pb(self.call(self.stub.Speculate, req))
+
+    def stepper(
+        self,
+        namespace: str,
+        session_id: str,
+        max_tokens: int | None = None,
+        cost_profile: Mapping[int, float] | None = None,
+        defer_commit: bool = False,
+    ) -> Stepper:
+        """A decoding loop on one SpeculateStream: ``with client.stepper(ns, sid) as st:
+        draft = st.step(accepted_tokens)`` (see Stepper)."""
+        return Stepper(self, namespace, session_id, max_tokens, cost_profile, defer_commit)
 
     def stats(
         self,

@@ -30,6 +30,9 @@ class Draft:
     # Only when the speculate call carried an append (see Client.step).
     accepted: int = -1
     session_tokens: int = 0
+    # Only from a stepper: the session's tokens committed when the reply was sent
+    # (session_tokens unless defer_commit was used).
+    durable_tokens: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -51,7 +54,7 @@ class Draft:
     @classmethod
     def from_pb(cls, m: pb.SpeculateResponse) -> Draft:
         return cls(list(m.tokens), list(m.parents), list(m.probs), m.match_len, m.source,
-                   list(m.sources), m.score, m.accepted, m.session_tokens)
+                   list(m.sources), m.score, m.accepted, m.session_tokens, m.durable_tokens)
 
 
 @dataclass
@@ -133,6 +136,35 @@ def speculate_request(
                               max_tokens=max_tokens or 0)
     if context is not None:
         req.context.ids.extend(context)
+    if cost_profile:
+        req.cost_profile.k.extend(int(k) for k in cost_profile)
+        req.cost_profile.cost.extend(float(v) for v in cost_profile.values())
+    return req
+
+
+def step_request(
+    namespace: str,
+    session_id: str,
+    first: bool,
+    accepted_tokens: Sequence[int],
+    max_tokens: int | None,
+    cost_profile: Mapping[int, float] | None,
+    kind: str,
+    draft: bool,
+    defer_commit: bool,
+) -> pb.StepRequest:
+    """One SpeculateStream message; the session is named in the first message only."""
+    try:
+        k = KINDS[kind]
+    except KeyError:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}") from None
+    req = pb.StepRequest(append=accepted_tokens, max_tokens=max_tokens or 0,
+                         no_draft=not draft, defer_commit=defer_commit)
+    if first:
+        req.namespace = namespace
+        req.session_id = session_id
+    if k != pb.KIND_GENERATED:
+        req.append_kind = k
     if cost_profile:
         req.cost_profile.k.extend(int(k) for k in cost_profile)
         req.cost_profile.cost.extend(float(v) for v in cost_profile.values())

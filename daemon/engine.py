@@ -68,6 +68,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,7 @@ from .errors import (
     InvalidArgument,
     NotFound,
     ResourceExhausted,
+    Unavailable,
 )
 
 log = logging.getLogger("suffixd.engine")
@@ -125,6 +127,7 @@ class AppendResult:
 class _Session:
     __slots__ = (
         "ns", "id", "rec", "tail", "pending", "last_draft", "lock", "closed", "last",
+        "durable_tokens", "last_commit", "write_error",
     )
 
     def __init__(self, ns: str, sid: str, rec: dict[str, Any]) -> None:
@@ -137,6 +140,12 @@ class _Session:
         self.lock = threading.Lock()
         self.closed = False
         self.last = float(rec.get("last", time.time()))
+        # Deferred commits (step streams with defer_commit): the session length known
+        # committed, the latest queued commit, and the error of a failed one (the session
+        # then refuses appends: its trees hold tokens its store lost).
+        self.durable_tokens = int(rec.get("tokens", 0))
+        self.last_commit: Future[Any] | None = None
+        self.write_error: BaseException | None = None
 
     def push_tail(self, tokens: Sequence[int]) -> None:
         self.tail.extend(tokens)
@@ -509,6 +518,7 @@ class Engine:
                     return r
 
                 sess.rec = self.store.write(write)
+                sess.durable_tokens = int(sess.rec.get("tokens", 0))
                 self.cache.open_session(ns, sid, toks)
             except BaseException:
                 with self._lock:
@@ -649,7 +659,8 @@ class Engine:
             return self._append_locked(checked, sessions)
 
     def _append_locked(
-        self, checked: list[tuple[_Session, str, list[int]]], sessions: list[_Session]
+        self, checked: list[tuple[_Session, str, list[int]]], sessions: list[_Session],
+        wait: bool = True,
     ) -> list[AppendResult]:
         # Plan: what each item does to its session's pending response, without mutating
         # the sessions until the transaction committed.
@@ -687,7 +698,29 @@ class Engine:
                 t.put_session(r)
             return recs, seqs
 
-        recs, seqs = self.store.write(write)
+        if wait:
+            recs, seqs = self.store.write(write)
+            for s in sessions:
+                s.durable_tokens = int(recs[id(s)]["tokens"])
+        else:
+            # Deferred (session streams, kinds other than "response": no sequence ids to
+            # wait for): predict the records the queued write will store, exactly as
+            # Txn.append_chunk updates them, so the next append builds on them. The store's
+            # single writer commits queued writes in order.
+            recs = {k: dict(v) for k, v in base.items()}
+            for sess, _kind, toks in checked:
+                if toks:
+                    r = recs[id(sess)]
+                    r["chunks"] = int(r.get("chunks", 0)) + 1
+                    r["tokens"] = int(r.get("tokens", 0)) + len(toks)
+            for r in recs.values():
+                r["last"] = now
+            seqs = [None] * len(checked)
+            fut = self.store.submit(write)
+            for s in sessions:
+                s.last_commit = fut
+                fut.add_done_callback(functools.partial(
+                    self._deferred_done, s, int(recs[id(s)]["tokens"])))
 
         # Durable: now the trees and the in-memory state follow.
         results: list[AppendResult] = []
@@ -723,6 +756,18 @@ class Engine:
         if evicted:
             self._delete_sequences(evicted)
         return results
+
+    @staticmethod
+    def _deferred_done(sess: _Session, tokens: int, fut: Future[Any]) -> None:
+        # Runs in the store's writer thread once the deferred write committed (or failed).
+        exc = fut.exception()
+        if exc is not None:
+            if sess.write_error is None:
+                sess.write_error = exc
+            log.error("deferred commit failed",
+                      extra={"namespace": sess.ns, "session": sess.id, "error": repr(exc)})
+        elif tokens > sess.durable_tokens:
+            sess.durable_tokens = tokens
 
     def _delete_sequences(self, seq_ids: list[int]) -> None:
         # Not waited for: an eviction lost in a crash is redone by the next rebuild.
@@ -776,13 +821,95 @@ class Engine:
             ctx: Sequence[int] = sess.tail[-_TAIL_KEEP:]
         else:
             ctx = self.check_tokens(context, "context tokens")
+        self.check_max_tokens(max_tokens)
+        return self._draft(ns, session_id or None, sess, ctx, max_tokens,
+                           self._drafter_for(cost_profile), remember)
+
+    def check_max_tokens(self, max_tokens: int | None) -> None:
         if max_tokens is not None and max_tokens < 0:
             raise InvalidArgument("max_tokens must be >= 0")
         if max_tokens is not None and max_tokens > self.limits.max_draft_tokens:
             raise ResourceExhausted(
                 f"max_tokens {max_tokens} is above the limit {self.limits.max_draft_tokens}"
             )
-        drafter = self._drafter_for(cost_profile)
+
+    def drafter_for(self, cost_profile: Any) -> Any:
+        """The Drafter for a cost profile (None: the daemon's); InvalidArgument if bad."""
+        return self._drafter_for(cost_profile)
+
+    # ------------------------------------------------------------------ session streams
+    def stream_session(self, ns: str, sid: str) -> _Session:
+        """The session a step stream works on, resolved (and validated) once per stream."""
+        return self._get(ns, sid)
+
+    def step(
+        self,
+        sess: _Session,
+        kind: str,
+        tokens: Sequence[int],
+        max_tokens: int | None = None,
+        drafter: Any = None,
+        draft: bool = True,
+        defer_commit: bool = False,
+    ) -> tuple[AppendResult | None, Any]:
+        """One decoding step of a session stream: append ``tokens`` durably (nothing when
+        empty), then draft from the session's new tail (unless ``draft`` is False).
+
+        Exactly ``append(ns, sid, kind, tokens)`` followed by ``propose(ns, sid,
+        max_tokens=...)``, minus the per-call name checks and session lookups. Everything
+        is validated before anything is written, so a failing step applies nothing.
+
+        ``defer_commit`` (not for kind "response", which always waits): the tokens go to
+        the trees and their commit is queued behind the session's earlier writes, but this
+        does not wait for it; ``sess.durable_tokens`` follows the commits and
+        ``wait_commits(sess)`` waits for them.
+        """
+        self._check_kind(kind)
+        toks = self.check_tokens(tokens) if tokens else None
+        if draft:
+            self.check_max_tokens(max_tokens)
+        res = None
+        if toks:
+            with sess.lock:
+                if sess.closed:
+                    raise NotFound(f"session {sess.id!r} in namespace {sess.ns!r} was closed")
+                self._check_write_error(sess)
+                res = self._append_locked([(sess, kind, toks)], [sess],
+                                          wait=not defer_commit or kind == "response")[0]
+        elif sess.closed:
+            raise NotFound(f"session {sess.id!r} in namespace {sess.ns!r} was closed")
+        if not draft:
+            return res, None
+        return res, self._draft(sess.ns, sess.id, sess, sess.tail[-_TAIL_KEEP:], max_tokens,
+                                drafter or self.drafter, True)
+
+    def wait_commits(self, sess: _Session) -> None:
+        """Wait until everything the session queued (deferred commits) is committed."""
+        fut = sess.last_commit
+        if fut is not None:
+            with contextlib.suppress(Exception):  # reported through write_error
+                fut.result()
+        self._check_write_error(sess)
+
+    @staticmethod
+    def _check_write_error(sess: _Session) -> None:
+        if sess.write_error is not None:
+            raise Unavailable(
+                f"a deferred commit of session {sess.id!r} in namespace {sess.ns!r} failed "
+                f"({sess.write_error}); its stored content lacks acknowledged tokens: close "
+                "it and open another"
+            )
+
+    def _draft(
+        self,
+        ns: str,
+        session_id: str | None,
+        sess: _Session | None,
+        ctx: Sequence[int],
+        max_tokens: int | None,
+        drafter: Any,
+        remember: bool,
+    ) -> Any:
         t0 = time.perf_counter()
         try:
             draft = drafter.propose(ns, session_id or None, ctx, max_tokens or None)

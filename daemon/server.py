@@ -68,6 +68,8 @@ class ServeConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     max_workers: int = 32
+    # Open SpeculateStream calls; they run on a pool of their own (see daemon/service.py).
+    max_streams: int = 64
     grace_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -234,7 +236,7 @@ def build_server(engine: Any, cfg: ServeConfig) -> tuple[grpc.Server, list[Liste
         options=options,
         maximum_concurrent_rpcs=max(64, cfg.max_workers * 8),
     )
-    names = service.register(server, engine)
+    names = service.register(server, engine, cfg.max_streams)
     for spec in EXTRA_SERVICES:
         fn = _load_extra(spec)
         if fn is not None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
@@ -117,9 +119,35 @@ def _cost_profile(msg: pb.CostProfile) -> dict[str, Any] | None:
     return {str(k): float(c) for k, c in zip(msg.k, msg.cost, strict=True)}
 
 
+# Open SpeculateStream calls at once by default. Each holds a thread of its own pool for its
+# lifetime (the sync gRPC server runs a streaming handler on one thread), so the limit bounds
+# threads, not work: an idle stream costs no CPU.
+DEFAULT_MAX_STREAMS = 64
+# Threads of the stream pool beyond the limit: they only answer RESOURCE_EXHAUSTED, so a
+# stream over the limit is refused at once instead of queueing for a thread.
+_STREAM_SPARE_THREADS = 4
+
+
 class SuffixdServicer(pb_grpc.SuffixdServicer):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, max_streams: int = DEFAULT_MAX_STREAMS) -> None:
         self.engine = engine
+        self.max_streams = max(1, max_streams)
+        self._stream_slots = threading.BoundedSemaphore(self.max_streams)
+        # Streams run on their own pool (gRPC's per-method experimental_thread_pool), so
+        # long-lived streams never starve the unary RPCs of the server's pool.
+        self.stream_pool = futures.ThreadPoolExecutor(
+            max_workers=self.max_streams + _STREAM_SPARE_THREADS, thread_name_prefix="stream"
+        )
+
+        def speculate_stream(
+            request_iterator: Iterator[pb.StepRequest], context: grpc.ServicerContext
+        ) -> Iterator[pb.SpeculateResponse]:
+            return self._speculate_stream(request_iterator, context)
+
+        speculate_stream.experimental_thread_pool = self.stream_pool  # type: ignore[attr-defined]
+        # An instance attribute shadows the base class's UNIMPLEMENTED method; the
+        # generated registration picks it up by name.
+        self.SpeculateStream = speculate_stream  # type: ignore[method-assign]
 
     def _tokens_of(self, request: Any) -> list[int]:
         which = request.WhichOneof("content")
@@ -269,6 +297,81 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
             resp.accepted = -1
         return resp
 
+    def _speculate_stream(
+        self, request_iterator: Iterator[pb.StepRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.SpeculateResponse]:
+        """See SpeculateStream in suffixd.proto. The hot path of a verifier: per message one
+        engine.step (durable append + draft) and one response, nothing else."""
+        if not self._stream_slots.acquire(blocking=False):
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self.max_streams} SpeculateStream calls are open; the limit is "
+                f"{self.max_streams} (close some, or use unary Speculate)",
+            )
+        try:
+            yield from self._stream_steps(request_iterator, context)
+        finally:
+            self._stream_slots.release()
+
+    def _stream_steps(
+        self, request_iterator: Iterator[pb.StepRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.SpeculateResponse]:
+        engine = self.engine
+        step = engine.step
+        Response = pb.SpeculateResponse
+        sess: Any = None
+        ns = sid = ""
+        drafter = None
+        # A message that fails is answered with its status, which ends the stream: the
+        # client cannot tell which later messages it already sent would have applied.
+        # (grpc.RpcError from the iterator is the client going away; gRPC handles it.)
+        for req in request_iterator:
+            try:
+                if sess is None:
+                    ns, sid = req.namespace, req.session_id
+                    sess = engine.stream_session(ns, sid)
+                elif (req.namespace and req.namespace != ns) or (
+                    req.session_id and req.session_id != sid
+                ):
+                    raise InvalidArgument(
+                        f"this stream works on session {sid!r} of namespace {ns!r}; "
+                        "open another stream for another session"
+                    )
+                if req.HasField("cost_profile"):
+                    drafter = engine.drafter_for(_cost_profile(req.cost_profile))
+                kind = KIND_NAMES.get(req.append_kind or pb.KIND_GENERATED)
+                if kind is None:
+                    raise InvalidArgument(
+                        "append_kind must be one of KIND_PROMPT, KIND_TOOL, KIND_RESPONSE, "
+                        "KIND_GENERATED"
+                    )
+                appended, draft = step(sess, kind, req.append, req.max_tokens or None,
+                                       drafter, not req.no_draft, req.defer_commit)
+            except Exception as exc:
+                _abort(context, exc)
+                raise  # unreachable: abort raises
+            if draft is not None:
+                resp = Response(tokens=draft.tokens, parents=draft.parents, probs=draft.probs,
+                                match_len=draft.match_len, sources=draft.sources,
+                                score=draft.score)
+                resp.source = draft.source
+            else:
+                resp = Response()
+            if appended is not None:
+                resp.accepted = appended.accepted
+                resp.session_tokens = appended.session_tokens
+            else:
+                resp.accepted = -1
+                resp.session_tokens = int(sess.rec.get("tokens", 0))
+            resp.durable_tokens = sess.durable_tokens
+            yield resp
+        if sess is not None:
+            # The client half-closed: the OK status promises that everything is committed.
+            try:
+                engine.wait_commits(sess)
+            except Exception as exc:
+                _abort(context, exc)
+
     @rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> Any:
         st = self.engine.stats(
@@ -296,6 +399,7 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
         return out
 
 
-def register(server: grpc.Server, engine: Engine) -> list[str]:
-    pb_grpc.add_SuffixdServicer_to_server(SuffixdServicer(engine), server)
+def register(server: grpc.Server, engine: Engine,
+             max_streams: int = DEFAULT_MAX_STREAMS) -> list[str]:
+    pb_grpc.add_SuffixdServicer_to_server(SuffixdServicer(engine, max_streams), server)
     return [pb.DESCRIPTOR.services_by_name["Suffixd"].full_name]

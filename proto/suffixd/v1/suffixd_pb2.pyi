@@ -249,7 +249,7 @@ class SpeculateRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., context: _Optional[_Union[TokenList, _Mapping]] = ..., max_tokens: _Optional[int] = ..., cost_profile: _Optional[_Union[CostProfile, _Mapping]] = ..., append: _Optional[_Union[TokenList, _Mapping]] = ..., append_kind: _Optional[_Union[Kind, str]] = ...) -> None: ...
 
 class SpeculateResponse(_message.Message):
-    __slots__ = ("tokens", "parents", "probs", "match_len", "source", "sources", "score", "accepted", "session_tokens")
+    __slots__ = ("tokens", "parents", "probs", "match_len", "source", "sources", "score", "accepted", "session_tokens", "durable_tokens")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     PARENTS_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +259,7 @@ class SpeculateResponse(_message.Message):
     SCORE_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     SESSION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     parents: _containers.RepeatedScalarFieldContainer[int]
     probs: _containers.RepeatedScalarFieldContainer[float]
@@ -268,7 +269,28 @@ class SpeculateResponse(_message.Message):
     score: float
     accepted: int
     session_tokens: int
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ..., match_len: _Optional[int] = ..., source: _Optional[str] = ..., sources: _Optional[_Iterable[str]] = ..., score: _Optional[float] = ..., accepted: _Optional[int] = ..., session_tokens: _Optional[int] = ...) -> None: ...
+    durable_tokens: int
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ..., match_len: _Optional[int] = ..., source: _Optional[str] = ..., sources: _Optional[_Iterable[str]] = ..., score: _Optional[float] = ..., accepted: _Optional[int] = ..., session_tokens: _Optional[int] = ..., durable_tokens: _Optional[int] = ...) -> None: ...
+
+class StepRequest(_message.Message):
+    __slots__ = ("namespace", "session_id", "append", "append_kind", "max_tokens", "cost_profile", "no_draft", "defer_commit")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    APPEND_FIELD_NUMBER: _ClassVar[int]
+    APPEND_KIND_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COST_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    NO_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    DEFER_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    session_id: str
+    append: _containers.RepeatedScalarFieldContainer[int]
+    append_kind: Kind
+    max_tokens: int
+    cost_profile: CostProfile
+    no_draft: bool
+    defer_commit: bool
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., append: _Optional[_Iterable[int]] = ..., append_kind: _Optional[_Union[Kind, str]] = ..., max_tokens: _Optional[int] = ..., cost_profile: _Optional[_Union[CostProfile, _Mapping]] = ..., no_draft: _Optional[bool] = ..., defer_commit: _Optional[bool] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ("namespace", "session_id", "include_sessions", "top_documents")

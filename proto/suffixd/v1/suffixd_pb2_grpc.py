@@ -89,6 +89,11 @@ class SuffixdStub:
                 request_serializer=suffixd_dot_v1_dot_suffixd__pb2.SpeculateRequest.SerializeToString,
                 response_deserializer=suffixd_dot_v1_dot_suffixd__pb2.SpeculateResponse.FromString,
                 _registered_method=True)
+        self.SpeculateStream = channel.stream_stream(
+                '/suffixd.v1.Suffixd/SpeculateStream',
+                request_serializer=suffixd_dot_v1_dot_suffixd__pb2.StepRequest.SerializeToString,
+                response_deserializer=suffixd_dot_v1_dot_suffixd__pb2.SpeculateResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/suffixd.v1.Suffixd/Stats',
                 request_serializer=suffixd_dot_v1_dot_suffixd__pb2.StatsRequest.SerializeToString,
@@ -171,6 +176,31 @@ class SuffixdServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SpeculateStream(self, request_iterator, context):
+        """A session's decoding loop on one bidirectional stream: the fast path for a
+        verifier (a stream message costs the daemon a fraction of a unary RPC).
+        Exactly one reply per message, in order. Each message first appends its
+        `append` tokens to the session, validated and counted exactly as an Append of
+        kind `append_kind` would be (acceptance compared with the previous draft),
+        then drafts from the session's new tail, as Speculate without a context does.
+        Durability: a message's tokens are committed to LMDB (fsync) before its
+        reply is sent (concurrent streams share commits), so every token of every
+        answered message survives kill -9; an unanswered message may or may not
+        have been applied (as with a unary Append whose reply was lost). A message
+        with defer_commit is answered without waiting for its commit; its reply's
+        durable_tokens says how much of the session is committed. A stream that ends
+        with status OK has committed everything it appended.
+        The first message names the session; later ones may leave namespace and
+        session_id empty or repeat them (another session is INVALID_ARGUMENT).
+        A message that fails ends the stream with its status (INVALID_ARGUMENT,
+        NOT_FOUND, RESOURCE_EXHAUSTED, ...): nothing of it was applied, every
+        earlier message was. Each open stream holds one daemon worker thread, so
+        their number is limited (RESOURCE_EXHAUSTED beyond it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -233,6 +263,11 @@ def add_SuffixdServicer_to_server(servicer, server):
             'Speculate': grpc.unary_unary_rpc_method_handler(
                     servicer.Speculate,
                     request_deserializer=suffixd_dot_v1_dot_suffixd__pb2.SpeculateRequest.FromString,
+                    response_serializer=suffixd_dot_v1_dot_suffixd__pb2.SpeculateResponse.SerializeToString,
+            ),
+            'SpeculateStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.SpeculateStream,
+                    request_deserializer=suffixd_dot_v1_dot_suffixd__pb2.StepRequest.FromString,
                     response_serializer=suffixd_dot_v1_dot_suffixd__pb2.SpeculateResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
@@ -537,6 +572,33 @@ class Suffixd:
             target,
             '/suffixd.v1.Suffixd/Speculate',
             suffixd_dot_v1_dot_suffixd__pb2.SpeculateRequest.SerializeToString,
+            suffixd_dot_v1_dot_suffixd__pb2.SpeculateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SpeculateStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/suffixd.v1.Suffixd/SpeculateStream',
+            suffixd_dot_v1_dot_suffixd__pb2.StepRequest.SerializeToString,
             suffixd_dot_v1_dot_suffixd__pb2.SpeculateResponse.FromString,
             options,
             channel_credentials,
