@@ -118,31 +118,32 @@ def load_responses(workloads: list[str]) -> list[list[int]]:
 
 
 # ----------------------------------------------------------------------------- rpc
-def _stream_turn(c: Any, sid: str, prompt: list[int], resp: list[int], end: float,
-                 spec_lat: list[float], app_lat: list[float], defer: bool) -> tuple[int, int]:
-    """One turn on a SpeculateStream: the first message appends the prompt and gets the
-    first draft (its latency counts as a speculate's), then one message per step, the last
-    one appending the end of the response without a draft. Returns (proposed, accepted)."""
+def _stream_turn(st: Any, sid: str, prompt: list[int], resp: list[int], end: float,
+                 spec_lat: list[float], app_lat: list[float]) -> tuple[int, int]:
+    """One turn on the client's SpeculateStream (one per client for the whole run, switched
+    to the turn's session): the first message appends the prompt and gets the first draft
+    (its latency counts as a speculate's), then one message per step, the last one appending
+    the end of the response without a draft. Returns (proposed, accepted)."""
     pc = time.perf_counter
     accepted = proposed = pos = 0
-    with c.stepper("bench", sid, max_tokens=16, defer_commit=defer) as st:
+    st.use_session("bench", sid)
+    t = pc()
+    d = st.step(prompt, kind="prompt")
+    spec_lat.append(pc() - t)
+    while pos < len(resp) and time.time() < end:
+        n = 0
+        for a, b in zip(d.tokens, resp[pos:], strict=False):
+            if a != b:
+                break
+            n += 1
+        proposed += len(d.tokens)
+        accepted += n
+        step = resp[pos: pos + n + 1]
+        pos += len(step)
+        final = pos >= len(resp)
         t = pc()
-        d = st.step(prompt, kind="prompt")
-        spec_lat.append(pc() - t)
-        while pos < len(resp) and time.time() < end:
-            n = 0
-            for a, b in zip(d.tokens, resp[pos:], strict=False):
-                if a != b:
-                    break
-                n += 1
-            proposed += len(d.tokens)
-            accepted += n
-            step = resp[pos: pos + n + 1]
-            pos += len(step)
-            final = pos >= len(resp)
-            t = pc()
-            d = st.step(step, final=final, draft=not final)
-            (app_lat if final else spec_lat).append(pc() - t)
+        d = st.step(step, final=final, draft=not final)
+        (app_lat if final else spec_lat).append(pc() - t)
     return proposed, accepted
 
 
@@ -164,13 +165,16 @@ def _client_loop(target: str, turns: list[tuple[list[int], list[int]]], seconds:
     end = time.time() + seconds
     k = 0
     pc = time.perf_counter
+    stepper = None
     while time.time() < end:
         prompt, resp = turns[order[k % len(order)]]
         k += 1
         sid = c.open_session("bench", f"c{idx}-{k}").session_id
         if mode.startswith("stream"):
-            p, a = _stream_turn(c, sid, prompt, resp, end, spec_lat, app_lat,
-                                mode == "stream-deferred")
+            if stepper is None:
+                stepper = c.stepper("bench", sid, max_tokens=16,
+                                    defer_commit=mode == "stream-deferred")
+            p, a = _stream_turn(stepper, sid, prompt, resp, end, spec_lat, app_lat)
             proposed += p
             accepted += a
             c.close_session("bench", sid)
@@ -203,6 +207,8 @@ def _client_loop(target: str, turns: list[tuple[list[int], list[int]]], seconds:
                 d = c.speculate("bench", sid, None, 16)
                 spec_lat.append(pc() - t)
         c.close_session("bench", sid)
+    if stepper is not None:
+        stepper.close()
     c.close()
     out[str(idx)] = {"spec": spec_lat, "app": app_lat, "acc": accepted, "prop": proposed,
                      "sessions": k}

@@ -158,6 +158,13 @@ class Stepper:
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
 
+    def use_session(self, namespace: str, session_id: str) -> None:
+        """Work on another session from the next step on, on the same stream (cheaper
+        than a stream per session: a verifier worker can keep one for all its requests)."""
+        self.namespace = namespace
+        self.session_id = session_id
+        self._first = True  # the next message names it
+
     def cancel(self) -> None:
         """Abandon the stream without waiting (deferred commits may still be in flight)."""
         self._end()

@@ -322,21 +322,18 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
         sess: Any = None
         ns = sid = ""
         drafter = None
+        deferred: dict[int, Any] = {}  # sessions with deferred commits, waited for at the end
         # A message that fails is answered with its status, which ends the stream: the
         # client cannot tell which later messages it already sent would have applied.
         # (grpc.RpcError from the iterator is the client going away; gRPC handles it.)
         for req in request_iterator:
             try:
-                if sess is None:
-                    ns, sid = req.namespace, req.session_id
-                    sess = engine.stream_session(ns, sid)
-                elif (req.namespace and req.namespace != ns) or (
-                    req.session_id and req.session_id != sid
-                ):
-                    raise InvalidArgument(
-                        f"this stream works on session {sid!r} of namespace {ns!r}; "
-                        "open another stream for another session"
-                    )
+                rns, rsid = req.namespace, req.session_id
+                if sess is None or ((rns or rsid) and (rns != ns or rsid != sid)):
+                    # The first message, or one naming another session: resolved and
+                    # validated like any RPC naming it (namespaces stay isolated).
+                    sess = engine.stream_session(rns, rsid)
+                    ns, sid = rns, rsid
                 if req.HasField("cost_profile"):
                     drafter = engine.drafter_for(_cost_profile(req.cost_profile))
                 kind = KIND_NAMES.get(req.append_kind or pb.KIND_GENERATED)
@@ -347,6 +344,8 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
                     )
                 appended, draft = step(sess, kind, req.append, req.max_tokens or None,
                                        drafter, not req.no_draft, req.defer_commit)
+                if req.defer_commit:
+                    deferred[id(sess)] = sess
             except Exception as exc:
                 _abort(context, exc)
                 raise  # unreachable: abort raises
@@ -365,12 +364,12 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
                 resp.session_tokens = int(sess.rec.get("tokens", 0))
             resp.durable_tokens = sess.durable_tokens
             yield resp
-        if sess is not None:
-            # The client half-closed: the OK status promises that everything is committed.
-            try:
-                engine.wait_commits(sess)
-            except Exception as exc:
-                _abort(context, exc)
+        # The client half-closed: the OK status promises that everything is committed.
+        try:
+            for s in deferred.values():
+                engine.wait_commits(s)
+        except Exception as exc:
+            _abort(context, exc)
 
     @rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> Any:

@@ -156,7 +156,7 @@ def test_stream_errors_are_statuses(daemon: Client) -> None:
         daemon.stepper("err", sid, cost_profile={0: float("nan")}).step()
     assert daemon.describe_session("err", sid).tokens == 2
 
-    # Raw stub: the wire statuses, a second session on the same stream, a bad kind.
+    # Raw stub: the wire statuses; switching to a bad session ends the stream.
     def call(reqs: list[pb.StepRequest]) -> tuple[int, grpc.StatusCode]:
         n = 0
         try:
@@ -168,8 +168,10 @@ def test_stream_errors_are_statuses(daemon: Client) -> None:
 
     other = daemon.open_session("err").session_id
     assert call([pb.StepRequest(namespace="err", session_id=sid),
-                 pb.StepRequest(namespace="err", session_id=other)]) == (
-        1, grpc.StatusCode.INVALID_ARGUMENT)
+                 pb.StepRequest(session_id=other)]) == (1, grpc.StatusCode.INVALID_ARGUMENT)
+    assert call([pb.StepRequest(namespace="err", session_id=sid),
+                 pb.StepRequest(namespace="err", session_id="gone")]) == (
+        1, grpc.StatusCode.NOT_FOUND)
     assert call([pb.StepRequest(namespace="err", session_id=sid, append=[1], append_kind=9)]
                 ) == (0, grpc.StatusCode.INVALID_ARGUMENT)
     assert call([pb.StepRequest(session_id=sid)]) == (0, grpc.StatusCode.INVALID_ARGUMENT)
@@ -198,12 +200,34 @@ def test_stream_namespace_isolation(daemon: Client) -> None:
         for seq in secrets_a:
             d = stp.step(seq[:16], kind="prompt")  # A's tokens in B's own session
             assert not (set(d.tokens) & (forbidden - set(seq[:16]))), d
-        # A stream of B cannot reach a session of A by naming it later.
+        # Switching sessions on a stream resolves (namespace, session id) afresh: B's
+        # session id is unknown in A.
         raw = [pb.StepRequest(namespace="iso-b", session_id=b.id),
                pb.StepRequest(namespace="iso-a", session_id=b.id)]
         with pytest.raises(grpc.RpcError) as ei:
             list(daemon.stub.SpeculateStream(iter(raw), timeout=10))
-        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert ei.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_one_stream_for_many_sessions(daemon: Client) -> None:
+    """use_session switches the stream; each session gets its own appends, drafts and
+    acceptance, deferred commits of every session are waited for at the end."""
+    rng = random.Random(6)
+    seqs = [rand_seq(rng, 30) for _ in range(3)]
+    sids = [daemon.open_session("multi", tokens=seq[:10]).session_id for seq in seqs]
+    for seq in seqs:
+        daemon.append("multi", daemon.open_session("multi").session_id, seq, kind="response")
+    with daemon.stepper("multi", sids[0], max_tokens=8, defer_commit=True) as stp:
+        for rnd in range(2):
+            for sid, seq in zip(sids, seqs, strict=True):
+                stp.use_session("multi", sid)
+                d = stp.step(seq[10 + 5 * rnd: 15 + 5 * rnd])
+                assert d.session_tokens == 15 + 5 * rnd
+                assert d.tokens == seq[15 + 5 * rnd: 15 + 5 * rnd + len(d)] and len(d) >= 1
+                if rnd:
+                    assert d.accepted == 5  # its own previous draft, not another session's
+    for sid in sids:
+        assert daemon.describe_session("multi", sid, include_counters=True).tokens == 20
 
 
 def test_concurrent_streams_and_async_client(daemon: Client) -> None:

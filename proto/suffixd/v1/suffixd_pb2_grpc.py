@@ -191,7 +191,8 @@ class SuffixdServicer:
         durable_tokens says how much of the session is committed. A stream that ends
         with status OK has committed everything it appended.
         The first message names the session; later ones may leave namespace and
-        session_id empty or repeat them (another session is INVALID_ARGUMENT).
+        session_id empty (the same session) or name another session, which the stream
+        then works on (a verifier worker can keep one stream for all its sessions).
         A message that fails ends the stream with its status (INVALID_ARGUMENT,
         NOT_FOUND, RESOURCE_EXHAUSTED, ...): nothing of it was applied, every
         earlier message was. Each open stream holds one daemon worker thread, so
