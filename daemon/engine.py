@@ -398,7 +398,7 @@ class Engine:
                 f"{len(toks)} {what} in one call; the limit is {self.limits.max_tokens_per_call}"
             )
         hi = self.vocab_size if self.vocab_size is not None else 2**31
-        if toks and 0 <= min(toks) and max(toks) < hi:  # the common case, at C speed
+        if toks and min(toks) >= 0 and max(toks) < hi:  # the common case, at C speed
             return toks
         for t in toks:
             if not 0 <= t < hi:
