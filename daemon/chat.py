@@ -97,12 +97,38 @@ class ChatRenderer:
             size = n + 1
         raise ChatTemplateError("chat template output did not fit")  # pragma: no cover
 
+    def _spells_control_tokens(self, content: str) -> bool:
+        return bool(
+            self._v.tokenize(content, special=True) != self._v.tokenize(content, special=False)
+        )
+
     def tokens(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
     ) -> list[int]:
         text = self.render(messages, add_generation_prompt)
-        # Control tokens in the rendered template are meant (<start_of_turn>, ...).
-        toks = self._v.tokenize(text, special=True)
+        # Control tokens written by the template are meant (<start_of_turn>, ...); the
+        # same text inside a message is data: a user must not be able to close its turn
+        # and open the model's. Such contents are tokenized on their own, as plain text.
+        # Other messages keep the whole-text tokenization (no new token boundaries).
+        toks: list[int] = []
+        pos = 0
+        for m in self._check(messages):
+            content = m["content"]
+            if "<" not in content or not self._spells_control_tokens(content):
+                continue
+            at = text.find(content, pos)
+            if at < 0:
+                content = content.strip()
+                at = text.find(content, pos)
+            if at < 0:
+                raise ChatTemplateError(
+                    "a message spells control tokens and the chat template rewrote it: "
+                    "cannot keep them out of the prompt's control tokens"
+                )
+            toks += self._v.tokenize(text[pos:at], special=True)
+            toks += self._v.tokenize(content, special=False)
+            pos = at + len(content)
+        toks += self._v.tokenize(text[pos:], special=True)
         if self.add_bos and (not toks or toks[0] != self._v.bos_token):
             toks = [self._v.bos_token, *toks]
         return toks

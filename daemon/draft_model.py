@@ -210,8 +210,9 @@ class AdaptiveDrafter:
 def measure(target: Verifier, draft_model: DraftModel, max_tokens: int = 8) -> AdaptiveDrafter:
     """Measure both models on this machine and build the adaptive drafter."""
     ks = tuple(range(1, max_tokens + 2))
-    target.measure_cost_profile(ks=ks, reps=3)
-    verify_seconds = dict(target.cost_seconds)
+    if not all(k in target.cost_seconds for k in ks):
+        target.measure_cost_profile(ks=ks, reps=3)
+    verify_seconds = {k: target.cost_seconds[k] for k in ks}
     ctx = [target.bos_token] + [(13 * i + 200) % target.vocab_size for i in range(127)]
     per_token = draft_model.seconds_per_token(ctx)
     return AdaptiveDrafter(draft_model.draft, verify_seconds, per_token, max_tokens)

@@ -37,7 +37,7 @@ SERVICE_NAME = "suffixd.v1.Generator"
 APPEND_EVERY = 16  # generated tokens per durable append while streaming
 DEFAULT_MAX_TOKENS = 256
 MAX_TOKENS_LIMIT = 8192
-DEFAULT_DRAFT = 16
+DEFAULT_DRAFT = 32
 
 
 class _Runtime:

@@ -76,7 +76,7 @@ class GenerateParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: Sequence[str] = ()
-    max_draft: int = 16  # upper bound; the proposer decides how much of it pays off
+    max_draft: int = 32  # upper bound; the proposer decides how much of it pays off
     ignore_eos: bool = False
     record_gaps: bool = False  # per-token top-1/top-2 logit gaps, for lossless checks
 
@@ -104,6 +104,11 @@ class TokenGap:
     top2: int
     gap: float  # logit(top1) - logit(top2)
     top: list[tuple[int, float]] = field(default_factory=list)  # best TOP_RECORDED (id, logit)
+    # The llama_decode batch these logits came from: its first position, its tokens and
+    # the row, so a divergence can be re-evaluated with exactly the same batch shape.
+    pos0: int = -1
+    batch: tuple[int, ...] = ()
+    row: int = -1
 
     def shortfall(self, token: int) -> float:
         """How far ``token``'s logit is below the best one (inf if not among the recorded)."""
@@ -226,6 +231,43 @@ def _draw(p: np.ndarray, rng: np.random.Generator) -> int:
     return int(support[min(i, len(support) - 1)])
 
 
+# A bigger batch shape is used in place of a smaller one only when it is at least this
+# much cheaper, so that measurement noise does not make every batch a padded one.
+PAD_MARGIN = 0.95
+
+
+def plan_batch_shapes(seconds: dict[int, float]) -> tuple[dict[int, int], dict[int, float]]:
+    """From measured seconds per batch size: which sizes to pad to a cheaper, larger
+    measured size, and the cost of every size after padding (the lower envelope)."""
+    sizes = sorted(seconds)
+    pad_to: dict[int, int] = {}
+    effective: dict[int, float] = {}
+    for i, n in enumerate(sizes):
+        best = min(sizes[i:], key=lambda j: (seconds[j], j))
+        if best != n and seconds[best] < PAD_MARGIN * seconds[n]:
+            pad_to[n] = best
+            effective[n] = seconds[best]
+        else:
+            effective[n] = seconds[n]
+    return pad_to, effective
+
+
+class _LogitRows(Sequence[np.ndarray]):
+    """The first ``n`` logit rows of the last batch, read lazily in place."""
+
+    def __init__(self, verifier: Verifier, n: int) -> None:
+        self._verifier = verifier
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._verifier._logits_view(i)
+
+
 def _token_gap(row: np.ndarray, token: int) -> TokenGap:
     best = np.argpartition(-row, TOP_RECORDED)[:TOP_RECORDED]
     best = best[np.argsort(-row[best], kind="stable")]
@@ -337,7 +379,11 @@ class Verifier:
         self._free_seq_ids = list(range(n_slots))
         self.n_slots = n_slots
         self._closed = False
+        # Measured by measure_cost_profile: seconds per batch of k tokens as verified
+        # (after padding), the raw measurement, and the padding plan.
         self.cost_seconds: dict[int, float] = {}
+        self.raw_cost_seconds: dict[int, float] = {}
+        self._pad_to: dict[int, int] = {}
 
     # ----------------------------------------------------------------- vocabulary
 
@@ -395,8 +441,22 @@ class Verifier:
             raise RuntimeError(f"llama_decode failed ({rc}): KV cache full or bad batch")
 
     def _logits(self, i: int) -> np.ndarray:
+        return self._logits_view(i).copy()
+
+    def _logits_view(self, i: int) -> np.ndarray:
+        """Row ``i`` of the last batch, in llama.cpp's buffer: valid until the next decode."""
         ptr = self._llama_cpp.llama_get_logits_ith(self._ctx.ctx, i)
-        return np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy()
+        return np.ctypeslib.as_array(ptr, shape=(self.vocab_size,))
+
+    @property
+    def batch_padding(self) -> dict[int, int]:
+        """Batch sizes that are padded up to a cheaper measured size (size -> padded)."""
+        return dict(self._pad_to)
+
+    def _padding(self, n: int, limit: int) -> int:
+        """How many tokens to add to a batch of ``n`` to reach a cheaper measured shape."""
+        target = self._pad_to.get(n, n)
+        return target - n if n < target <= limit else 0
 
     def _seq_rm(self, seq_id: int, p0: int) -> None:
         if not self._llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, -1):
@@ -561,22 +621,30 @@ class Verifier:
             if not path:
                 source = "none"
             batch = [pending, *path]
+            # Pad to a cheaper batch shape (llama.cpp's kernels like multiples of 4):
+            # the padding is evaluated but never accepted, so the output is unchanged.
+            batch += [batch[-1]] * self._padding(len(batch), min(room + 1, self.n_batch))
             n_past = len(slot.tokens)
+            gaps: list[TokenGap] = []
             with self._turns:
                 self._decode(slot.seq_id, batch, n_past, all_logits=True)
-                rows = [self._logits(i) for i in range(len(batch))]
-            gaps: list[TokenGap] = []
-            if greedy:
-                accepted = 0
-                nxt = int(np.argmax(rows[0]))
-                while accepted < len(path) and path[accepted] == nxt:
-                    accepted += 1
-                    nxt = int(np.argmax(rows[accepted]))
-                if params.record_gaps:
-                    for i in range(accepted + 1):
-                        gaps.append(_token_gap(rows[i], path[i] if i < accepted else nxt))
-            else:
-                accepted, nxt = speculative_sample(rows, path, rng, dist)
+                # Rows are read in place and only up to the first rejection: copying
+                # 262k logits per drafted position costs more than the argmax.
+                rows = _LogitRows(self, len(path) + 1)
+                if greedy:
+                    accepted = 0
+                    nxt = int(np.argmax(rows[0]))
+                    while accepted < len(path) and path[accepted] == nxt:
+                        accepted += 1
+                        nxt = int(np.argmax(rows[accepted]))
+                    if params.record_gaps:
+                        shape = tuple(batch)
+                        for i in range(accepted + 1):
+                            g = _token_gap(rows[i], path[i] if i < accepted else nxt)
+                            g.pos0, g.batch, g.row = n_past, shape, i
+                            gaps.append(g)
+                else:
+                    accepted, nxt = speculative_sample(rows, path, rng, dist)
             # Keep the evaluated pending token and the accepted draft; drop the rest.
             keep = n_past + 1 + accepted
             if keep < n_past + len(batch):
@@ -657,41 +725,45 @@ class Verifier:
     # ------------------------------------------------------------ measurement
 
     def measure_cost_profile(
-        self, ks: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32), reps: int = 3
+        self, ks: Sequence[int] = tuple(range(1, 34)), reps: int = 3
     ) -> dict[int, float]:
         """Time one verification batch of k tokens (all logits) relative to k = 1.
 
-        Runs on a scratch slot at a realistic context length; the result feeds
-        ``suffixcache.CostProfile.from_json`` so drafts stay within what pays.
+        Runs on a scratch slot at a realistic context length, sizes interleaved so
+        that a burst of machine load does not hit one size only. llama.cpp's CPU
+        kernels work in blocks of rows, so some batch sizes cost less than smaller
+        ones (here 8 tokens cost less than 5); a batch is then padded up to the
+        cheaper size, and the returned profile is the cost after padding. It feeds
+        ``suffixcache.CostProfile`` so drafts stay within what pays.
         """
         key = "\x00cost-profile"
+        ks = sorted({int(k) for k in ks if 1 <= int(k) <= self.n_batch})
         slot = self._acquire_slot(key)
         try:
-            base = [self.bos_token] + [(7 * i + 100) % self.vocab_size for i in range(255)]
+            base = [self.bos_token] + [(7 * i + 100) % self.vocab_size for i in range(511)]
             self._make_room(slot, len(base) + max(ks))
             with self._turns:
                 self._seq_rm(slot.seq_id, 0)
                 slot.tokens = []
                 self._decode(slot.seq_id, base, 0, all_logits=False)
                 slot.tokens = list(base)
-            times: dict[int, float] = {}
-            for k in ks:
-                samples = []
-                for _ in range(reps):
+            samples: dict[int, list[float]] = {k: [] for k in ks}
+            for _ in range(reps):
+                for k in ks:
                     with self._turns:
                         t0 = time.perf_counter()
                         self._decode(slot.seq_id, base[1 : k + 1], len(base), all_logits=True)
-                        for i in range(k):
-                            self._logits(i)
-                        samples.append(time.perf_counter() - t0)
+                        self._logits_view(k - 1)
+                        samples[k].append(time.perf_counter() - t0)
                         self._seq_rm(slot.seq_id, len(base))
-                times[k] = float(np.median(samples))
         finally:
             self._release_slot(slot)
             self.forget(key)
-        self.cost_seconds = dict(sorted(times.items()))  # absolute, for the draft-model policy
-        one = times[min(times)]
-        return {k: round(v / one, 3) for k, v in sorted(times.items())}
+        raw = {k: float(np.median(v)) for k, v in samples.items()}
+        self.raw_cost_seconds = {**self.raw_cost_seconds, **raw}
+        self._pad_to, self.cost_seconds = plan_batch_shapes(self.raw_cost_seconds)
+        one = self.cost_seconds[min(self.cost_seconds)]
+        return {k: round(self.cost_seconds[k] / one, 3) for k in ks}
 
     def _rows(
         self, seq_id: int, tokens: Sequence[int], pos0: int, batch_size: int
@@ -722,6 +794,36 @@ class Verifier:
                         part = tokens[j : min(n_prefix, j + self.n_batch)]
                         self._decode(slot.seq_id, part, j, all_logits=False)
             return self._rows(slot.seq_id, list(tokens[n_prefix:]), n_prefix, batch_size)
+        finally:
+            self._release_slot(slot)
+            self.forget(key)
+
+    def reproduces(self, context: Sequence[int], gap: TokenGap) -> bool:
+        """Whether a fresh evaluation of ``context`` with the batch shape ``gap`` was
+        computed in (same first position, same batch tokens, same row; everything
+        before it in n_batch chunks on a scratch slot) picks ``gap.token`` again.
+
+        Certifies a greedy divergence as llama.cpp's batch-shape arithmetic rather
+        than state of the generation loop (a stale or misplaced KV cell, a wrong
+        position): the same tokens with the same shape give the same choice.
+        """
+        if gap.pos0 < 0 or not gap.batch or not 0 <= gap.row < len(gap.batch):
+            raise ValueError("this gap record has no batch shape (record_gaps=True runs do)")
+        ctx = list(context)
+        if ctx[gap.pos0 :] != list(gap.batch[: gap.row + 1]):
+            raise ValueError("context does not end with the recorded batch")
+        key = "\x00reproduce"
+        slot = self._acquire_slot(key)
+        try:
+            self._make_room(slot, gap.pos0 + len(gap.batch))
+            self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+            slot.tokens = []
+            for j in range(0, gap.pos0, self.n_batch):
+                with self._turns:
+                    self._decode(slot.seq_id, ctx[j : min(gap.pos0, j + self.n_batch)], j, False)
+            with self._turns:
+                self._decode(slot.seq_id, gap.batch, gap.pos0, all_logits=True)
+                return int(np.argmax(self._logits_view(gap.row))) == gap.token
         finally:
             self._release_slot(slot)
             self.forget(key)

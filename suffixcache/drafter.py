@@ -47,8 +47,8 @@ RATE_PRIOR = 20.0  # pseudo-steps at rate 1 before any feedback
 @dataclass(frozen=True)
 class DraftConfig:
     max_tokens: int = 32  # hard cap on draft tokens per step
-    max_spec_factor: float = 1.0  # draft length <= factor * match_len + offset
-    max_spec_offset: float = 0.0
+    max_spec_factor: float = 2.0  # draft length <= factor * match_len + offset
+    max_spec_offset: float = 2.0
     min_token_prob: float = 0.05  # raw cumulative probability below which drafting stops
     max_match: int = 32  # longest context suffix matched (leaves max_depth - max_match to draft)
     use_tree: bool = False  # draft a tree of branches instead of one path
@@ -84,6 +84,7 @@ class Draft:
     # a sequence (of the first token's source tree) that holds the drafted text, e.g. the
     # corpus document a corpus draft came from; None for an empty draft
     seq_id: int | None = None
+    last_token: int = field(default=-1, repr=False)  # the context's last token when drafted
 
     @property
     def source(self) -> str:
@@ -210,6 +211,7 @@ class Drafter:
             p / raw_probs[parent] if parent >= 0 and raw_probs[parent] > 0 else p
             for p, parent in zip(raw_probs, parents, strict=True)
         ]
+        last_token = int(tail[-1])
         key = (namespace, session_id) if session_id is not None else None
         prev = self._prev.get(key, -1) if key is not None else -1
         if cfg.calibrate:
@@ -223,6 +225,8 @@ class Drafter:
                 self._cost,
                 self.achieved_rate,
                 cfg.cost_aware,
+                tokens,
+                last_token,
             )
         else:
             probs, keep = list(raw_probs), len(tokens)
@@ -240,6 +244,7 @@ class Drafter:
             key,
             prev,
             raw["seq_ids"][0] if keep else None,
+            last_token,
         )
 
     def _best_prefix(self, probs: Sequence[float]) -> int:
@@ -294,6 +299,8 @@ class Drafter:
             draft.match_len,
             draft.prev,
             hits,
+            draft.tokens,
+            draft.last_token,
         )
 
     def forget_session(self, namespace: str, session_id: str) -> None:

@@ -90,6 +90,14 @@ class PyTree {
 
 }  // namespace
 
+// Content features of draft token i (-1 when the caller passes no tokens): its id
+// and the token before it (its parent's, or the context's last for a root token).
+static int32_t token_at(const std::vector<int32_t>& tokens, size_t i) { return tokens.empty() ? -1 : tokens[i]; }
+static int32_t before(const std::vector<int32_t>& tokens, int32_t parent, int32_t last_token) {
+    if (tokens.empty()) return -1;
+    return parent < 0 ? last_token : tokens[static_cast<size_t>(parent)];
+}
+
 PYBIND11_MODULE(_native, m) {
     m.doc() = "Native suffix-tree core of suffixcache (see suffix_tree.hpp for the data structure).";
 
@@ -183,10 +191,12 @@ PYBIND11_MODULE(_native, m) {
             "choose",
             [](const Calibrator& cal, const std::vector<double>& conds, const std::vector<int32_t>& supports,
                const std::vector<int32_t>& parents, const std::vector<int32_t>& sources, int32_t match_len,
-               int32_t prev, const std::vector<double>& costs, double rate, bool cost_aware) {
+               int32_t prev, const std::vector<double>& costs, double rate, bool cost_aware,
+               const std::vector<int32_t>& tokens, int32_t last_token) {
                 const size_t n = conds.size();
                 if (supports.size() != n || parents.size() != n || sources.size() != n)
                     throw py::value_error("draft feature lists differ in length");
+                if (!tokens.empty() && tokens.size() != n) throw py::value_error("tokens differ in length from the draft");
                 if (costs.size() < n + 2) throw py::value_error("cost table too short for the draft");
                 std::vector<double> probs(n);
                 std::vector<int32_t> depth(n);
@@ -194,7 +204,8 @@ PYBIND11_MODULE(_native, m) {
                     const int32_t p = parents[i];
                     if (p >= static_cast<int32_t>(i) || p < -1) throw py::value_error("parents must point backwards");
                     depth[i] = p < 0 ? 1 : depth[p] + 1;
-                    const double r = cal.estimate({conds[i], supports[i], depth[i], match_len, sources[i], prev});
+                    const double r = cal.estimate({conds[i], supports[i], depth[i], match_len, sources[i], prev,
+                                                   token_at(tokens, i), before(tokens, p, last_token)});
                     probs[i] = p < 0 ? r : r * probs[p];
                 }
                 // Prefix maximising expected tokens - rate * cost(prefix + 1) (see drafter.py).
@@ -215,26 +226,31 @@ PYBIND11_MODULE(_native, m) {
             },
             py::arg("conds"), py::arg("supports"), py::arg("parents"), py::arg("sources"), py::arg("match_len"),
             py::arg("prev"), py::arg("costs"), py::arg("rate"), py::arg("cost_aware") = true,
+            py::arg("tokens") = std::vector<int32_t>{}, py::arg("last_token") = -1,
             "Cumulative acceptance estimates of a draft and the prefix length worth verifying.")
         .def(
             "observe",
             [](Calibrator& cal, const std::vector<double>& conds, const std::vector<int32_t>& supports,
                const std::vector<int32_t>& parents, const std::vector<int32_t>& sources, int32_t match_len,
-               int32_t prev, const std::vector<bool>& hits) {
+               int32_t prev, const std::vector<bool>& hits, const std::vector<int32_t>& tokens, int32_t last_token) {
                 const size_t n = conds.size();
                 if (supports.size() != n || parents.size() != n || sources.size() != n || hits.size() != n)
                     throw py::value_error("draft feature lists differ in length");
+                if (!tokens.empty() && tokens.size() != n) throw py::value_error("tokens differ in length from the draft");
                 std::vector<int32_t> depth(n);
                 for (size_t i = 0; i < n; ++i) {
                     const int32_t p = parents[i];
                     if (p >= static_cast<int32_t>(i) || p < -1) throw py::value_error("parents must point backwards");
                     depth[i] = p < 0 ? 1 : depth[p] + 1;
                     if (p >= 0 && !hits[p]) continue;  // never judged by the verifier
-                    cal.observe({conds[i], supports[i], depth[i], match_len, sources[i], prev}, hits[i]);
+                    cal.observe({conds[i], supports[i], depth[i], match_len, sources[i], prev, token_at(tokens, i),
+                                 before(tokens, p, last_token)},
+                                hits[i]);
                 }
             },
             py::arg("conds"), py::arg("supports"), py::arg("parents"), py::arg("sources"), py::arg("match_len"),
-            py::arg("prev"), py::arg("hits"), "Learn from a verified draft: hits[i] = token i was accepted.");
+            py::arg("prev"), py::arg("hits"), py::arg("tokens") = std::vector<int32_t>{}, py::arg("last_token") = -1,
+            "Learn from a verified draft: hits[i] = token i was accepted.");
 
     m.def(
         "speculate_multi",

@@ -26,6 +26,10 @@ constexpr double kDepthF[] = {1, 2, 3, 4, 6, 8, 12};                // 8
 constexpr double kMatchF[] = {1, 2, 3, 4, 6, 8, 12, 16, 24};        // 10
 constexpr double kPrev[] = {-1, 0, 2, 6};                            // 5
 constexpr int32_t kSources = 4;
+// Adagrad of the logistic correction: step size, and the accumulators' start (which
+// bounds the first steps at kLearningRate / sqrt(kGradSqInit) per unit of gradient)
+constexpr double kLearningRate = 0.1;
+constexpr float kGradSqInit = 1e-2f;
 
 constexpr int32_t kSizes[Calibrator::kLevels] = {
     5, 5 * 6, 5 * 6 * 4, 5 * 6 * 4 * 4, 8 * 9 * 8 * 10, 8 * 9 * 8 * 10 * kSources * 5,
@@ -38,6 +42,8 @@ Calibrator::Calibrator(double prior_weight, double optimism) : prior_weight_(pri
         hits_[l].assign(kSizes[l], 0.0f);
         trials_[l].assign(kSizes[l], 0.0f);
     }
+    weights_.assign(size_t{1} << kTableBits, 0.0f);
+    grad_sq_.assign(size_t{1} << kTableBits, kGradSqInit);
 }
 
 void Calibrator::bins(const TokenFeatures& f, std::array<int32_t, kLevels>* out) const {
@@ -55,7 +61,7 @@ void Calibrator::bins(const TokenFeatures& f, std::array<int32_t, kLevels>* out)
     (*out)[5] = (fine * kSources + src) * 5 + bucket(f.prev, kPrev);
 }
 
-double Calibrator::estimate(const TokenFeatures& f) const {
+double Calibrator::binned(const TokenFeatures& f) const {
     std::array<int32_t, kLevels> b;
     bins(f, &b);
     double p = std::clamp(f.cond, 0.0, 1.0);
@@ -64,7 +70,56 @@ double Calibrator::estimate(const TokenFeatures& f) const {
     return std::min(1.0, p + optimism_ * std::sqrt(p * (1.0 - p) / (n + prior_weight_)));
 }
 
+void Calibrator::content_keys(const TokenFeatures& f, std::array<uint32_t, kContentFeatures>* out) const {
+    const uint64_t tok = static_cast<uint32_t>(f.token);
+    const uint64_t before = static_cast<uint32_t>(f.prev_token);
+    const uint64_t src = static_cast<uint64_t>(std::clamp<int32_t>(f.source, 0, kSources - 1));
+    const uint64_t prev = static_cast<uint64_t>(bucket(f.prev, kPrev));
+    const uint64_t raw[kContentFeatures] = {
+        (1ull << 60) | tok,
+        (2ull << 60) | (before << 32) | tok,
+        (3ull << 60) | (src << 32) | tok,
+        (4ull << 60) | (prev << 32) | tok,
+    };
+    for (int i = 0; i < kContentFeatures; ++i) {
+        uint64_t h = raw[i] * 0x9E3779B97F4A7C15ull;  // Fibonacci hashing: the high bits are well mixed
+        (*out)[i] = static_cast<uint32_t>(h >> (64 - kTableBits));
+    }
+}
+
+namespace {
+double logit(double p) {
+    p = std::clamp(p, 1e-4, 1.0 - 1e-4);
+    return std::log(p / (1.0 - p));
+}
+double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-std::clamp(z, -30.0, 30.0))); }
+}  // namespace
+
+double Calibrator::logit_of(const TokenFeatures& f, double p_bins,
+                            std::array<uint32_t, kContentFeatures>* keys) const {
+    content_keys(f, keys);
+    double z = scale_ * logit(p_bins);
+    for (uint32_t k : *keys) z += weights_[k];
+    return z;
+}
+
+double Calibrator::estimate(const TokenFeatures& f) const {
+    std::array<uint32_t, kContentFeatures> keys;
+    return sigmoid(logit_of(f, binned(f), &keys));
+}
+
 void Calibrator::observe(const TokenFeatures& f, bool accepted) {
+    // the correction learns from the estimate the drafter used, before the bins move
+    std::array<uint32_t, kContentFeatures> keys;
+    const double p_bins = binned(f);
+    const double g = sigmoid(logit_of(f, p_bins, &keys)) - (accepted ? 1.0 : 0.0);
+    for (uint32_t k : keys) {
+        grad_sq_[k] += static_cast<float>(g * g);
+        weights_[k] -= static_cast<float>(kLearningRate * g / std::sqrt(grad_sq_[k]));
+    }
+    const double gs = g * logit(p_bins);
+    scale_grad_sq_ += gs * gs;
+    scale_ -= kLearningRate * gs / std::sqrt(scale_grad_sq_);
     std::array<int32_t, kLevels> b;
     bins(f, &b);
     for (int l = 0; l < kLevels; ++l) {

@@ -14,6 +14,20 @@
 // Only tokens whose parent was accepted are evidence: the verifier never judged
 // the others, so truncating drafts does not bias the estimate.
 //
+// On top of the bins, a logistic correction learned online (Adagrad) over
+// content features the bins cannot hold: the token's own id, the (previous
+// token, token) pair, and the token id crossed with the source and with the
+// previous-step acceptance. Some tokens are reliably rejected whatever the
+// counts say (in the replayed traces, the role header that follows every
+// earlier response: a draft running past the end of a response), others are
+// near-certain (punctuation inside identifiers):
+//
+//     p = sigmoid(a * logit(p_bins) + sum_k w[hash(feature_k)])
+//
+// a (a learned temperature on the bins' estimate, starting at 1) and w
+// (hashed into a fixed table, starting at 0) follow the gradient of the log
+// loss, so before any evidence p equals the bins' estimate.
+//
 // Thread safety: none inside; the Python layer serialises access.
 #pragma once
 
@@ -30,6 +44,8 @@ struct TokenFeatures {
     int32_t match_len; // longest matched context suffix
     int32_t source;    // 0 session, 1 global, 2 corpus, 3 other
     int32_t prev;      // tokens accepted at the session's previous step; -1 = it had no draft
+    int32_t token = -1;       // the drafted token id
+    int32_t prev_token = -1;  // the token before it (the context's last token for the first)
 };
 
 class Calibrator {
@@ -45,13 +61,24 @@ class Calibrator {
     void observe(const TokenFeatures& f, bool accepted);
     double trials() const { return total_trials_; }
 
+    static constexpr int kContentFeatures = 4;
+    static constexpr uint32_t kTableBits = 20;
+
   private:
     void bins(const TokenFeatures& f, std::array<int32_t, kLevels>* out) const;
+    double binned(const TokenFeatures& f) const;  // the bins' estimate with its optimism bonus
+    void content_keys(const TokenFeatures& f, std::array<uint32_t, kContentFeatures>* out) const;
+    double logit_of(const TokenFeatures& f, double p_bins, std::array<uint32_t, kContentFeatures>* keys) const;
     double prior_weight_;
     double optimism_;
     std::array<std::vector<float>, kLevels> hits_;
     std::array<std::vector<float>, kLevels> trials_;
     double total_trials_ = 0.0;
+    // logistic correction: hashed weights, their Adagrad accumulators, the temperature
+    std::vector<float> weights_;
+    std::vector<float> grad_sq_;
+    double scale_ = 1.0;
+    double scale_grad_sq_ = 1.0;
 };
 
 }  // namespace suffixcache
