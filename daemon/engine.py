@@ -166,12 +166,18 @@ class _Session:
 
 def _accepted_along(draft: Any, appended: Sequence[int]) -> int:
     """Longest prefix of ``appended`` that follows a root-to-leaf path of the draft tree."""
-    tokens = list(draft.tokens)
+    tokens = draft.tokens
     if not tokens or not appended:
         return 0
-    parents = list(getattr(draft, "parents", []) or [])
-    if len(parents) != len(tokens):  # a path draft
-        parents = list(range(-1, len(tokens) - 1))
+    parents = getattr(draft, "parents", None) or []
+    if len(parents) != len(tokens) or all(p == i - 1 for i, p in enumerate(parents)):
+        # A path draft (the usual case): the common prefix.
+        n = 0
+        for a, b in zip(tokens, appended, strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parents):
         children.setdefault(p, []).append(i)
@@ -664,18 +670,21 @@ class Engine:
         self, checked: list[tuple[_Session, str, list[int]]], sessions: list[_Session],
         wait: bool = True,
     ) -> list[AppendResult]:
-        # Plan: what each item does to its session's pending response, without mutating
-        # the sessions until the transaction committed.
-        pending = {id(s): list(s.pending) for s in sessions}
-        plan: list[list[int] | None] = []  # finished response tokens per item
+        # Plan: the finished response tokens of each item, without mutating the sessions
+        # until the transaction committed (and without copying a session's pending
+        # response on every step: only a "response" item needs it).
+        plan: list[list[int] | None] = []
+        extra: dict[int, list[int]] = {}  # "generated" tokens of this call, per session
+        ended: set[int] = set()  # sessions whose response an earlier item ended
         for sess, kind, toks in checked:
-            p = pending[id(sess)]
+            key = id(sess)
             if kind == "generated":
-                p.extend(toks)
+                extra.setdefault(key, []).extend(toks)
                 plan.append(None)
             elif kind == "response":
-                plan.append(p + toks)
-                p.clear()
+                prev = () if key in ended else sess.pending
+                plan.append([*prev, *extra.pop(key, ()), *toks])
+                ended.add(key)
             else:
                 plan.append(None)
         now = time.time()
@@ -683,21 +692,25 @@ class Engine:
 
         def write(t: Txn) -> tuple[dict[int, dict[str, Any]], list[int | None]]:
             recs = {k: dict(v) for k, v in base.items()}
+            for r in recs.values():
+                r["last"] = now
+            unsaved = set(recs)  # records changed since append_chunk last stored them
             seqs: list[int | None] = []
             for (sess, kind, toks), resp in zip(checked, plan, strict=True):
                 r = recs[id(sess)]
                 if toks:
-                    t.append_chunk(r, kind, toks)
+                    t.append_chunk(r, kind, toks)  # stores the record too
+                    unsaved.discard(id(sess))
                 if resp is not None and resp:
                     seq = t.add_sequence(sess.ns, "response", resp, session=sess.id)
                     t.add_session_response(sess.ns, sess.id, seq)
                     r["n_responses"] = int(r.get("n_responses", 0)) + 1
+                    unsaved.add(id(sess))
                     seqs.append(seq)
                 else:
                     seqs.append(None)
-            for r in recs.values():
-                r["last"] = now
-                t.put_session(r)
+            for key in unsaved:
+                t.put_session(recs[key])
             return recs, seqs
 
         if wait:
