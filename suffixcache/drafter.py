@@ -13,8 +13,11 @@ proposers). The policy:
    once gives probability 1 to its whole continuation). A native calibrator
    (csrc/calibrator.hpp) learns online how often a token with given features
    (raw probability, support, depth, match length, source, the session's
-   previous acceptance) was really accepted, with an optimism bonus so that
-   bins cut short by earlier decisions keep being explored.
+   previous acceptance) was really accepted, corrected by a logistic term
+   learned over the tokens themselves (the token id, the token before it, the
+   id crossed with source, previous acceptance and match length): some tokens
+   are rejected whatever their counts say, e.g. the text that followed earlier
+   responses when the current response is about to end.
 3. Length: given the verifier's cost profile (cost of checking k tokens
    relative to one), keep the prefix k that maximises
    (1 + expected accepted tokens) - rate * cost(k + 1), where rate is the
@@ -38,7 +41,8 @@ from suffixcache.cost import CostProfile
 SOURCES = ("session", "global", "corpus")
 SOURCE_IDS = {name: i for i, name in enumerate(SOURCES)}
 CALIBRATION_PRIOR_WEIGHT = 4.0
-CALIBRATION_OPTIMISM = 0.5
+# measured on both replay workloads: an optimism bonus drafts more and pays less
+CALIBRATION_OPTIMISM = 0.0
 MAX_TRACKED_SESSIONS = 100_000
 RATE_DECAY = 0.999  # the achieved rate averages over roughly the last thousand steps
 RATE_PRIOR = 20.0  # pseudo-steps at rate 1 before any feedback
@@ -47,7 +51,8 @@ RATE_PRIOR = 20.0  # pseudo-steps at rate 1 before any feedback
 @dataclass(frozen=True)
 class DraftConfig:
     max_tokens: int = 32  # hard cap on draft tokens per step
-    max_spec_factor: float = 2.0  # draft length <= factor * match_len + offset
+    # draft length <= factor * match_len + offset; the cost-aware choice cuts it further
+    max_spec_factor: float = 2.0
     max_spec_offset: float = 2.0
     min_token_prob: float = 0.05  # raw cumulative probability below which drafting stops
     max_match: int = 32  # longest context suffix matched (leaves max_depth - max_match to draft)

@@ -75,11 +75,13 @@ void Calibrator::content_keys(const TokenFeatures& f, std::array<uint32_t, kCont
     const uint64_t before = static_cast<uint32_t>(f.prev_token);
     const uint64_t src = static_cast<uint64_t>(std::clamp<int32_t>(f.source, 0, kSources - 1));
     const uint64_t prev = static_cast<uint64_t>(bucket(f.prev, kPrev));
+    const uint64_t match = static_cast<uint64_t>(bucket(f.match_len, kMatch));
     const uint64_t raw[kContentFeatures] = {
         (1ull << 60) | tok,
         (2ull << 60) | (before << 32) | tok,
         (3ull << 60) | (src << 32) | tok,
         (4ull << 60) | (prev << 32) | tok,
+        (5ull << 60) | (match << 32) | tok,
     };
     for (int i = 0; i < kContentFeatures; ++i) {
         uint64_t h = raw[i] * 0x9E3779B97F4A7C15ull;  // Fibonacci hashing: the high bits are well mixed

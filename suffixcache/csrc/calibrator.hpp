@@ -16,8 +16,8 @@
 //
 // On top of the bins, a logistic correction learned online (Adagrad) over
 // content features the bins cannot hold: the token's own id, the (previous
-// token, token) pair, and the token id crossed with the source and with the
-// previous-step acceptance. Some tokens are reliably rejected whatever the
+// token, token) pair, and the token id crossed with the source, with the
+// previous-step acceptance and with the match length. Some tokens are reliably rejected whatever the
 // counts say (in the replayed traces, the role header that follows every
 // earlier response: a draft running past the end of a response), others are
 // near-certain (punctuation inside identifiers):
@@ -61,7 +61,7 @@ class Calibrator {
     void observe(const TokenFeatures& f, bool accepted);
     double trials() const { return total_trials_; }
 
-    static constexpr int kContentFeatures = 4;
+    static constexpr int kContentFeatures = 5;
     static constexpr uint32_t kTableBits = 20;
 
   private:
