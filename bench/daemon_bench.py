@@ -21,6 +21,11 @@ after the other so they compare side by side):
   step's append committed before its reply;
 * ``stream-deferred``: the same with defer_commit (replies do not wait for the fsync; the
   final response append still does).
+
+``--keep-session``: each client keeps one session for the whole run (an agent's
+conversation: per turn append the prompt, decode the response) instead of opening and
+closing a session per turn. ``--prompt-tokens N``: prompts of at most N tokens (default
+2,048), so the per-step loop rather than ingesting prompts dominates.
 """
 
 from __future__ import annotations
@@ -151,6 +156,7 @@ def _client_loop(target: str, turns: list[tuple[list[int], list[int]]], seconds:
                  idx: int, out: dict[str, Any], start_at: float, mode: str) -> None:
     from suffixd.client import Client
 
+    mode, _, keep = mode.partition("+")  # "+keep": one session per client for the run
     combined = mode == "step"
 
     c = Client(target, retries=0, timeout=30)
@@ -169,7 +175,8 @@ def _client_loop(target: str, turns: list[tuple[list[int], list[int]]], seconds:
     while time.time() < end:
         prompt, resp = turns[order[k % len(order)]]
         k += 1
-        sid = c.open_session("bench", f"c{idx}-{k}").session_id
+        if not keep or k == 1:
+            sid = c.open_session("bench", f"c{idx}-{k}").session_id
         if mode.startswith("stream"):
             if stepper is None:
                 stepper = c.stepper("bench", sid, max_tokens=16,
@@ -177,7 +184,8 @@ def _client_loop(target: str, turns: list[tuple[list[int], list[int]]], seconds:
             p, a = _stream_turn(stepper, sid, prompt, resp, end, spec_lat, app_lat)
             proposed += p
             accepted += a
-            c.close_session("bench", sid)
+            if not keep:
+                c.close_session("bench", sid)
             continue
         c.append("bench", sid, prompt, kind="prompt")
         pos = 0
@@ -206,9 +214,12 @@ def _client_loop(target: str, turns: list[tuple[list[int], list[int]]], seconds:
                 t = pc()
                 d = c.speculate("bench", sid, None, 16)
                 spec_lat.append(pc() - t)
-        c.close_session("bench", sid)
+        if not keep:
+            c.close_session("bench", sid)
     if stepper is not None:
         stepper.close()
+    if keep and k:
+        c.close_session("bench", sid)
     c.close()
     out[str(idx)] = {"spec": spec_lat, "app": app_lat, "acc": accepted, "prop": proposed,
                      "sessions": k}
@@ -243,8 +254,9 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def bench_rpc(clients: int, seconds: float, procs: int, turns_n: int, extra: list[str],
-              modes: list[str]) -> None:
-    turns = load_turns("spider_dev", turns_n)
+              modes: list[str], prompt_tokens: int = 2048) -> None:
+    # Each turn's prompt is the last prompt_tokens tokens of its context (at most 2,048).
+    turns = [(p[-prompt_tokens:], r) for p, r in load_turns("spider_dev", turns_n)]
     for mode in modes:
         _bench_rpc_mode(clients, seconds, procs, turns, extra, mode)
 
@@ -284,11 +296,17 @@ def _bench_rpc_mode(clients: int, seconds: float, procs: int,
     acc = sum(r["acc"] for p in parts for r in p.values())
     prop = sum(r["prop"] for p in parts for r in p.values())
     sessions = sum(r["sessions"] for p in parts for r in p.values())
+    # Unary calls per turn besides the steps: open, (prompt append,) close; "+keep": one
+    # session per client, so only the prompt append of the unary modes.
+    keep = mode.endswith("+keep")
+    per_turn = (0 if keep else 2) if mode.startswith("stream") else (1 if keep else 3)
     print(json.dumps({
         "bench": "rpc", "mode": mode, "load_before": load_before,
         "clients": clients, "client_procs": procs, "seconds": seconds,
+        "prompt_tokens_mean": round(statistics.fmean(len(p) for p, _ in turns), 1),
         "speculate_rpc_s": round(len(spec) / seconds, 1),
-        "all_rpc_s": round((len(spec) + len(app) + 3 * sessions) / seconds, 1),
+        "all_rpc_s": round((len(spec) + len(app) + per_turn * sessions) / seconds, 1),
+        "turns_s": round(sessions / seconds, 1),
         "speculate_ms_p50": round(pct(spec, 0.5), 3), "speculate_ms_p99": round(pct(spec, 0.99), 3),
         "append_ms_p50": round(pct(app, 0.5), 3), "append_ms_p99": round(pct(app, 0.99), 3),
         "speculate_ms_mean": round(statistics.fmean(spec) * 1000, 3) if spec else None,
@@ -441,6 +459,11 @@ def main() -> None:
                    help="one Speculate-with-append RPC per step (same as --mode step)")
     r.add_argument("--stream", action="store_true",
                    help="one SpeculateStream per session (same as --mode stream)")
+    r.add_argument("--prompt-tokens", type=int, default=2048,
+                   help="prompt per turn: the last N tokens of the turn's context (max 2048)")
+    r.add_argument("--keep-session", action="store_true",
+                   help="one session per client for the whole run (per turn: append the "
+                   "prompt, decode the response) instead of one session per turn")
     r.add_argument("--mode", action="append", default=[],
                    choices=["unary", "step", "stream", "stream-deferred"],
                    help="repeatable; each mode on a fresh daemon, one after the other")
@@ -453,7 +476,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.cmd == "rpc":
         modes = a.mode + ["step"] * a.step + ["stream"] * a.stream
-        bench_rpc(a.clients, a.seconds, a.procs, a.turns, a.serve_arg, modes or ["unary"])
+        modes = [m + "+keep" * a.keep_session for m in modes or ["unary"]]
+        bench_rpc(a.clients, a.seconds, a.procs, a.turns, a.serve_arg, modes, a.prompt_tokens)
     elif a.cmd == "restart":
         bench_restart(a.tokens, a.batch_tokens)
     else:
