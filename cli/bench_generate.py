@@ -142,9 +142,21 @@ def generate_bench(
             cache.append_session(ns, session, prompt)
         last_prompt[session] = prompt
         params = GenerateParams(max_tokens=max_tokens, record_gaps=True)
+        fed = [len(prompt)]  # context tokens the session tree holds
+
+        def suffixd_propose(
+            ctx: list[int], k: int, _s: str = session, _fed: list[int] = fed
+        ) -> Any:
+            # The session tree follows the response step by step, as the replay protocol
+            # has it: a response that repeats itself is drafted from its own beginning.
+            if len(ctx) > _fed[0]:
+                cache.append_session(ns, _s, ctx[_fed[0] :])
+                _fed[0] = len(ctx)
+            return drafter.propose(ns, _s, ctx, max_tokens=k)
+
         proposers = {
             "plain": None,
-            "suffixd": lambda ctx, k, _s=session: drafter.propose(ns, _s, ctx, max_tokens=k),
+            "suffixd": suffixd_propose,
             "pld": lambda ctx, k: [int(t) for t in pld(np.asarray(ctx, dtype=np.intc))[:k]],
         }
         results: dict[str, tuple[list[int], list[Any]]] = {}
@@ -172,7 +184,7 @@ def generate_bench(
             a["accepted"] += st.accepted_tokens
             results[m] = (toks, gaps)
             if m == "suffixd":
-                cache.append_session(ns, session, toks)
+                cache.append_session(ns, session, toks[fed[0] - len(prompt) :])
                 if toks:
                     cache.add_response(ns, next_seq, toks)
                     next_seq += 1

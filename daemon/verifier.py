@@ -244,7 +244,9 @@ def plan_batch_shapes(seconds: dict[int, float]) -> tuple[dict[int, int], dict[i
     effective: dict[int, float] = {}
     for i, n in enumerate(sizes):
         best = min(sizes[i:], key=lambda j: (seconds[j], j))
-        if best != n and seconds[best] < PAD_MARGIN * seconds[n]:
+        # One token (plain decoding) takes llama.cpp's vector path and is never padded:
+        # a larger batch measuring cheaper than it is load noise, not a kernel effect.
+        if n > 1 and best != n and seconds[best] < PAD_MARGIN * seconds[n]:
             pad_to[n] = best
             effective[n] = seconds[best]
         else:

@@ -255,6 +255,8 @@ def test_plan_batch_shapes_pads_only_to_clearly_cheaper_sizes() -> None:
     assert effective == {1: 1.0, 2: 2.0, 3: 1.95, 4: 3.2, 5: 4.4, 6: 4.4, 7: 4.4, 8: 4.4}
     # the envelope never rises when a batch grows past a cheaper size
     assert all(effective[k] <= seconds[k] for k in seconds)
+    # a single token is never padded (a cheaper larger batch there is noise)
+    assert plan_batch_shapes({1: 2.0, 2: 1.0, 4: 1.5}) == ({}, {1: 2.0, 2: 1.0, 4: 1.5})
 
 
 def test_padded_batches_stay_lossless_and_reproducible(verifier: Verifier, monkeypatch) -> None:
