@@ -118,7 +118,10 @@ class TokenGap:
         return float("inf")
 
 
-TOP_RECORDED = 8
+# Enough candidates that, where many tokens are within a logit of each other, the other
+# run's choice is still among them: with 8, a run once parted from plain decoding where
+# plain's token had dropped out of its 8 best, and the parting could not be judged.
+TOP_RECORDED = 32
 
 
 @dataclass
