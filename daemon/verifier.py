@@ -736,11 +736,11 @@ class Verifier:
 
         Runs on a scratch slot at a realistic context length, sizes interleaved so
         that a burst of machine load does not hit one size only; each size keeps its
-        fastest repetition. llama.cpp's CPU
-        kernels work in blocks of rows, so some batch sizes cost less than smaller
-        ones (here 8 tokens cost less than 5); a batch is then padded up to the
-        cheaper size, and the returned profile is the cost after padding. It feeds
-        ``suffixcache.CostProfile`` so drafts stay within what pays.
+        fastest repetition. llama.cpp's CPU kernels work in blocks of rows, so some
+        batch sizes cost less than smaller ones (here 8 tokens cost less than 5); a
+        batch is then padded up to the cheaper size, and the returned profile is the
+        cost after padding. It feeds ``suffixcache.CostProfile`` so drafts stay within
+        what pays.
         """
         key = "\x00cost-profile"
         ks = sorted({int(k) for k in ks if 1 <= int(k) <= self.n_batch})
