@@ -2,6 +2,7 @@
 
     python bench/daemon_bench.py rpc --clients 16 --seconds 30 [--procs 4]
     python bench/daemon_bench.py rpc --mode unary --mode stream --mode stream-deferred
+    python bench/daemon_bench.py loop --clients 8 --steps 500 --mode stream
     python bench/daemon_bench.py restart --tokens 5000000
     python bench/daemon_bench.py crash --rounds 3
 
@@ -21,6 +22,11 @@ after the other so they compare side by side):
   step's append committed before its reply;
 * ``stream-deferred``: the same with defer_commit (replies do not wait for the fsync; the
   final response append still does).
+
+loop: the per-step cost alone. Each client thread (one process) opens one session with 64
+tokens and runs ``--steps`` steps of one token (cycling through those 64, so drafts match):
+steps/s, and the client's and the daemon's CPU time per step. No prompts, no session
+churn, no timestamps per call.
 
 ``--keep-session``: each client keeps one session for the whole run (an agent's
 conversation: per turn append the prompt, decode the response) instead of opening and
@@ -318,6 +324,55 @@ def _bench_rpc_mode(clients: int, seconds: float, procs: int,
     }), flush=True)
 
 
+# ----------------------------------------------------------------------------- loop
+def _loop_client(target: str, i: int, steps: int, mode: str) -> None:
+    from suffixd.client import Client
+
+    c = Client(target, retries=0)
+    base = list(range(1000, 1064))
+    sid = c.open_session("loop", f"l{mode}{i}", tokens=base).session_id
+    if mode.startswith("stream"):
+        with c.stepper("loop", sid, max_tokens=16,
+                       defer_commit=mode == "stream-deferred") as st:
+            st.step()
+            for j in range(steps):
+                st.step([base[j % 64]])
+    elif mode == "step":
+        for j in range(steps):
+            c.step("loop", sid, [base[j % 64]], 16)
+    else:
+        for j in range(steps):
+            c.speculate("loop", sid, None, 16)
+            c.append("loop", sid, [base[j % 64]], kind="generated")
+    c.close()
+
+
+def bench_loop(clients: int, steps: int, modes: list[str], extra: list[str]) -> None:
+    for mode in modes:
+        load_before = os.getloadavg()[0]
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, target, _ = start_daemon(Path(tmp) / "data", *extra)
+            try:
+                s0, c0, w0 = _cpu_s(proc.pid), time.process_time(), time.perf_counter()
+                threads = [threading.Thread(target=_loop_client, args=(target, i, steps, mode))
+                           for i in range(clients)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                wall = time.perf_counter() - w0
+                server, client = _cpu_s(proc.pid) - s0, time.process_time() - c0
+            finally:
+                stop_daemon(proc)
+        n = clients * steps
+        print(json.dumps({
+            "bench": "loop", "mode": mode, "clients": clients, "steps": steps,
+            "load_before": load_before, "steps_s": round(n / wall),
+            "server_cpu_us_per_step": round(server / n * 1e6, 1),
+            "client_cpu_us_per_step": round(client / n * 1e6, 1),
+        }), flush=True)
+
+
 # ----------------------------------------------------------------------------- restart
 def _ingest(target: str, seqs: list[list[int]], batch_tokens: int,
             per_session: int = 40) -> tuple[int, float]:
@@ -467,6 +522,12 @@ def main() -> None:
     r.add_argument("--mode", action="append", default=[],
                    choices=["unary", "step", "stream", "stream-deferred"],
                    help="repeatable; each mode on a fresh daemon, one after the other")
+    lp = sub.add_parser("loop")
+    lp.add_argument("--clients", type=int, default=8)
+    lp.add_argument("--steps", type=int, default=500)
+    lp.add_argument("--mode", action="append", default=[],
+                    choices=["unary", "step", "stream", "stream-deferred"])
+    lp.add_argument("--serve-arg", action="append", default=[], help="extra `serve` argument")
     s = sub.add_parser("restart")
     s.add_argument("--tokens", type=int, default=5_000_000)
     s.add_argument("--batch-tokens", type=int, default=65536)
@@ -478,6 +539,9 @@ def main() -> None:
         modes = a.mode + ["step"] * a.step + ["stream"] * a.stream
         modes = [m + "+keep" * a.keep_session for m in modes or ["unary"]]
         bench_rpc(a.clients, a.seconds, a.procs, a.turns, a.serve_arg, modes, a.prompt_tokens)
+    elif a.cmd == "loop":
+        bench_loop(a.clients, a.steps, a.mode or ["unary", "step", "stream", "stream-deferred"],
+                   a.serve_arg)
     elif a.cmd == "restart":
         bench_restart(a.tokens, a.batch_tokens)
     else:
