@@ -3,10 +3,11 @@
 Per request: render/tokenize the prompt; append what the session has not seen
 yet to its tree (durably, kind "prompt"); then run the verifier with drafts
 from the engine's trees (falling back to the draft model when configured and
-worth it); every verified step is counted with ``engine.record_step``; the
-generated tokens are appended durably as they come (kind "generated", every
-``APPEND_EVERY`` tokens) and the last ones as "response", which also puts the
-whole response into the namespace's global tree.
+worth it); every verified step is counted with ``engine.record_step``. The
+generated tokens reach the session tree at every step (kind "generated", their
+commit queued) and the last ones are appended as "response", which waits until
+everything is durable and puts the whole response into the namespace's global
+tree.
 
 The model is loaded on the first Generate call (a daemon used only for
 speculate/append never pays for it). The draft model comes from
@@ -27,6 +28,8 @@ import grpc
 from suffixd.v1 import generate_pb2 as gpb
 from suffixd.v1 import generate_pb2_grpc as gpb_grpc
 
+from suffixcache import CostProfile
+
 from .chat import ChatRenderer, ChatTemplateError
 from .errors import EngineError, FailedPrecondition, NotFound
 from .verifier import ContextOverflowError, GenerateParams, Verifier
@@ -34,7 +37,6 @@ from .verifier import ContextOverflowError, GenerateParams, Verifier
 log = logging.getLogger("suffixd.generate")
 
 SERVICE_NAME = "suffixd.v1.Generator"
-APPEND_EVERY = 16  # generated tokens per durable append while streaming
 DEFAULT_MAX_TOKENS = 256
 MAX_TOKENS_LIMIT = 8192
 DEFAULT_DRAFT = 32
@@ -54,6 +56,10 @@ class _Runtime:
         profile = self.verifier.measure_cost_profile()
         self.cost_profile = {str(k): v for k, v in profile.items()}
         log.info("verifier cost profile (relative to 1 token): %s", self.cost_profile)
+        # The daemon's own drafter plans for its own verifier from now on: generation
+        # drafts with it and its calibration learns from generation's verdicts (a
+        # separate per-profile drafter would draft without ever learning).
+        engine.drafter.set_cost_profile(CostProfile.from_json(self.cost_profile))
         self.fallback = None
         draft_path = getattr(engine, "draft_model_path", None) or os.environ.get(
             "SUFFIXD_DRAFT_MODEL"
@@ -161,13 +167,20 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
             vkey = f"\x00oneoff-{uuid.uuid4().hex}"
 
         fallback = rt.fallback
+        sess = engine.stream_session(ns, sid) if sid else None
+        fed = [len(prompt)]  # context tokens the session already holds
 
         def propose(ctx: list[int], k: int) -> Any:
             draft = None
-            if sid:
-                draft = engine.propose(
-                    ns, sid, ctx, max_tokens=k, cost_profile=rt.cost_profile, remember=False
-                )
+            if sess is not None:
+                # The session tree follows the response step by step, so a response that
+                # repeats itself is drafted from its own beginning. Each step's tokens
+                # go to the trees now and their commit is queued; the final "response"
+                # append waits for all of them (the store commits in order).
+                if len(ctx) > fed[0]:
+                    engine.step(sess, "generated", ctx[fed[0] :], draft=False, defer_commit=True)
+                    fed[0] = len(ctx)
+                draft = engine.propose(ns, sid, ctx, max_tokens=k, remember=False)
             if (draft is None or not len(draft.tokens)) and fallback is not None:
                 return fallback(ctx, k)
             return draft
@@ -188,21 +201,15 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
                 )
 
         generated: list[int] = []
-        pending: list[int] = []
         try:
             for chunk in rt.verifier.generate(vkey, prompt, params, propose, on_step):
                 if not context.is_active():
                     break
                 generated += chunk.tokens
-                pending += chunk.tokens
-                final = chunk.finish_reason is not None
-                if sid and pending and not final and len(pending) >= APPEND_EVERY:
-                    engine.append(ns, sid, "generated", pending)
-                    pending = []
-                if final and sid:
-                    # the response's last part (possibly empty) ends it: global tree too
-                    engine.append(ns, sid, "response", pending)
-                    pending = []
+                if chunk.finish_reason is not None and sid:
+                    # The rest of the response (possibly empty) ends it, durably, and puts
+                    # the whole response into the namespace's global tree.
+                    engine.append(ns, sid, "response", generated[fed[0] - len(prompt) :])
                     with self._seen_lock:
                         self._seen[(ns, sid)] = prompt + generated
                 yield self._chunk(chunk, rt)

@@ -175,3 +175,21 @@ def test_cli_generate(gen_daemon: Any) -> None:
         timeout=60,
     )
     assert bad.returncode != 0 and "top-k" in bad.stderr.lower()
+
+
+def test_response_reaches_the_trees_once_and_durably(gen_daemon: Any) -> None:
+    """Generated tokens go to the session tree step by step (their commits queued) and
+    the response ends with one durable append: the session holds prompt + response
+    exactly once, and the response is in the namespace's global tree."""
+    msgs = spider_messages(2)
+    toks, _, last = collect(
+        gen_daemon.generate("once", messages=msgs, max_tokens=40, namespace="once")
+    )
+    assert len(toks) > 8
+    info = gen_daemon.describe_session("once", "once", include_counters=True)
+    assert info.tokens == int(last.totals["prompt_tokens"]) + len(toks)
+    assert info.responses == 1
+    # another session of the namespace gets the response drafted from the global tree
+    with gen_daemon.session(namespace="once") as other:
+        draft = other.speculate(context=toks[:6], max_tokens=16, cost_profile={1: 1.0, 64: 1.0})
+    assert list(draft.tokens[:4]) == toks[6:10]
