@@ -20,6 +20,7 @@ from suffixd.client import (
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
+    UnauthenticatedError,
 )
 from suffixd.v1 import suffixd_pb2 as pb
 from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
@@ -267,6 +268,21 @@ def test_concurrent_streams_and_async_client(daemon: Client) -> None:
 
     accepted, n, first = asyncio.run(aio())
     assert n == 13 and accepted == min(3, len(first))
+
+
+def test_stream_needs_the_bearer_token_on_tcp(daemon_factory: Any) -> None:
+    proc = daemon_factory(args=["--listen", "127.0.0.1:0"], env={"SUFFIXD_AUTH_TOKEN": "tok"})
+    good = proc.client(proc.tcp, token="tok")
+    sid = good.open_session("auth").session_id
+    with good.stepper("auth", sid) as stp:
+        assert stp.step([1, 2]).session_tokens == 2
+    for token in (None, "wrong"):
+        bad = Client(proc.tcp, token=token, retries=0)
+        with pytest.raises(UnauthenticatedError):
+            bad.stepper("auth", sid).step([3])
+        bad.close()
+    assert good.describe_session("auth", sid).tokens == 2
+    good.close()
 
 
 def test_stream_limit(daemon_factory: Any, tmp_path: Path) -> None:
