@@ -13,10 +13,11 @@ by turn so that machine noise hits all of them alike:
 
 Greedy outputs are compared with plain decoding: identical; parting at a
 near-tie (see ``verifier.certify_greedy``); parting at a "shape flip" (beyond
-the near-tie threshold, but a fresh evaluation of the same tokens with each
-run's batch shape picks each run's token again, so the difference is
-llama.cpp's batch-shape arithmetic, see ``Verifier.reproduces``); anything else
-is a divergence and makes ``identical_outputs`` false.
+the near-tie threshold, but fresh evaluations of the same tokens with each
+run's batch shape and the prefix chunked in several ways pick each run's token
+under some schedule, so the difference is llama.cpp's batch arithmetic, see
+``Verifier.schedule_flip``); anything else is a divergence and makes
+``identical_outputs`` false.
 """
 
 from __future__ import annotations
@@ -193,12 +194,11 @@ def generate_bench(
             ref_g, cand_g = results["plain"][1], results[m][1]
             if verdict == "diverged" and where is not None and where < min(len(ref_g), len(cand_g)):
                 # Beyond the near-tie threshold: re-evaluate the common prefix fresh with
-                # each run's batch shape; if each shape picks its run's token again, the
-                # parting is llama.cpp's batch-shape arithmetic, not the decoding loop.
+                # each run's batch shape, the prefix chunked in several ways; if the
+                # schedules pick each run's token, the parting is llama.cpp's batch
+                # arithmetic on these exact tokens, not the decoding loop.
                 context = prompt + results["plain"][0][:where]
-                if verifier.reproduces(context, ref_g[where]) and verifier.reproduces(
-                    context, cand_g[where]
-                ):
+                if verifier.schedule_flip(context, ref_g[where], cand_g[where]):
                     verdict = "shape_flip"
             verdicts[m][verdict] += 1
             if verdict in ("diverged", "shape_flip") and len(diverged) < 10:

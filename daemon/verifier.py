@@ -815,8 +815,17 @@ class Verifier:
         than state of the generation loop (a stale or misplaced KV cell, a wrong
         position): the same tokens with the same shape give the same choice.
         """
+        return self.fresh_choice(context, gap, self.n_batch) == gap.token
+
+    def fresh_choice(self, context: Sequence[int], gap: TokenGap, chunk: int) -> int:
+        """The token a fresh evaluation picks at ``gap``'s position: ``context`` before
+        the recorded batch evaluated in chunks of ``chunk`` tokens on a scratch slot, then
+        the recorded batch itself. Different chunkings of the same tokens compute the KV
+        cache with different batch shapes, which moves later logits on this CPU."""
         if gap.pos0 < 0 or not gap.batch or not 0 <= gap.row < len(gap.batch):
             raise ValueError("this gap record has no batch shape (record_gaps=True runs do)")
+        if chunk < 1:
+            raise ValueError("chunk must be >= 1")
         ctx = list(context)
         if ctx[gap.pos0 :] != list(gap.batch[: gap.row + 1]):
             raise ValueError("context does not end with the recorded batch")
@@ -826,15 +835,37 @@ class Verifier:
             self._make_room(slot, gap.pos0 + len(gap.batch))
             self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
             slot.tokens = []
-            for j in range(0, gap.pos0, self.n_batch):
+            step = min(chunk, self.n_batch)
+            for j in range(0, gap.pos0, step):
                 with self._turns:
-                    self._decode(slot.seq_id, ctx[j : min(gap.pos0, j + self.n_batch)], j, False)
+                    self._decode(slot.seq_id, ctx[j : min(gap.pos0, j + step)], j, False)
             with self._turns:
                 self._decode(slot.seq_id, gap.batch, gap.pos0, all_logits=True)
-                return int(np.argmax(self._logits_view(gap.row))) == gap.token
+                return int(np.argmax(self._logits_view(gap.row)))
         finally:
             self._release_slot(slot)
             self.forget(key)
+
+    def schedule_flip(
+        self,
+        context: Sequence[int],
+        a: TokenGap,
+        b: TokenGap,
+        chunks: Sequence[int] = (512, 256, 128, 64, 32),
+    ) -> bool:
+        """Whether both runs' choices at a parting are choices of llama.cpp itself for
+        these exact tokens: fresh evaluations of the common ``context``, with each run's
+        batch shape and the context chunked in several ways, pick ``a.token`` under
+        some batch schedule and ``b.token`` under another. Then the parting is
+        the arithmetic of batch schedules (which the generation loop only chooses), not
+        a token the model would never produce for this context."""
+        seen: set[int] = set()
+        for chunk in chunks:
+            for g in (a, b):
+                seen.add(self.fresh_choice(context, g, chunk))
+                if a.token in seen and b.token in seen:
+                    return True
+        return False
 
     def logit_drift(
         self, tokens: Sequence[int], n_prefix: int, batch_size: int

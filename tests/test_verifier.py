@@ -303,6 +303,16 @@ def test_padded_batches_stay_lossless_and_reproducible(verifier: Verifier, monke
         assert verifier.reproduces(prompt + out[:i], g)
         wrong = TokenGap(g.token + 1, g.top1, g.top2, g.gap, g.top, g.pos0, g.batch, g.row)
         assert not verifier.reproduces(prompt + out[:i], wrong)
+    # Fresh evaluations with the prefix chunked differently: a clear choice stays, and a
+    # token no schedule picks is not certified as a schedule flip.
+    i = max(range(upto), key=lambda j: gaps[j].gap)
+    g = gaps[i]
+    assert g.gap > 3.0
+    ctx = prompt + out[:i]
+    assert verifier.fresh_choice(ctx, g, 64) == g.token
+    wrong = TokenGap(g.top2, g.top1, g.top2, g.gap, g.top, g.pos0, g.batch, g.row)
+    assert not verifier.schedule_flip(ctx, g, wrong, chunks=(512, 64))
+    assert verifier.schedule_flip(ctx, g, g, chunks=(512,))
     i = clear[-1]
     with pytest.raises(ValueError, match="does not end with"):
         verifier.reproduces(prompt + out[: i - 1] + [out[i - 1] + 1], gaps[i])
