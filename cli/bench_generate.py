@@ -197,9 +197,12 @@ def generate_bench(
                 # each run's batch shape, the prefix chunked in several ways; if the
                 # schedules pick each run's token, the parting is llama.cpp's batch
                 # arithmetic on these exact tokens, not the decoding loop.
-                context = prompt + results["plain"][0][:where]
-                if verifier.schedule_flip(context, ref_g[where], cand_g[where]):
-                    verdict = "shape_flip"
+                context = prompt + [g.token for g in ref_g[:where]]
+                try:
+                    if verifier.schedule_flip(context, ref_g[where], cand_g[where]):
+                        verdict = "shape_flip"
+                except ValueError:  # no batch record to re-evaluate: stays diverged
+                    pass
             verdicts[m][verdict] += 1
             if verdict in ("diverged", "shape_flip") and len(diverged) < 10:
                 diverged.append(
