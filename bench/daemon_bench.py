@@ -129,6 +129,16 @@ def load_responses(workloads: list[str]) -> list[list[int]]:
 
 
 # ----------------------------------------------------------------------------- rpc
+def _accepted(draft: list[int], truth: list[int]) -> int:
+    """Draft tokens a verifier replaying ``truth`` accepts: their common prefix."""
+    n = 0
+    for a, b in zip(draft, truth, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
 def _stream_turn(st: Any, sid: str, prompt: list[int], resp: list[int], end: float,
                  spec_lat: list[float], app_lat: list[float]) -> tuple[int, int]:
     """One turn on the client's SpeculateStream (one per client for the whole run, switched
@@ -142,11 +152,7 @@ def _stream_turn(st: Any, sid: str, prompt: list[int], resp: list[int], end: flo
     d = st.step(prompt, kind="prompt")
     spec_lat.append(pc() - t)
     while pos < len(resp) and time.time() < end:
-        n = 0
-        for a, b in zip(d.tokens, resp[pos:], strict=False):
-            if a != b:
-                break
-            n += 1
+        n = _accepted(d.tokens, resp[pos:])
         proposed += len(d.tokens)
         accepted += n
         step = resp[pos: pos + n + 1]
@@ -199,11 +205,7 @@ def _client_loop(target: str, turns: list[tuple[list[int], list[int]]], seconds:
         d = c.speculate("bench", sid, None, 16)
         spec_lat.append(pc() - t)
         while pos < len(resp) and time.time() < end:
-            n = 0
-            for a, b in zip(d.tokens, resp[pos:], strict=False):
-                if a != b:
-                    break
-                n += 1
+            n = _accepted(d.tokens, resp[pos:])
             proposed += len(d.tokens)
             accepted += n
             step = resp[pos: pos + n + 1]

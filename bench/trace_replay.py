@@ -25,7 +25,7 @@ from typing import Any
 
 
 def record(args: argparse.Namespace) -> None:
-    from suffixd.cli.bench_generate import _load_turns
+    from suffixd.cli.bench_generate import _load_turns, fits_side_by_side
     from suffixd.daemon.chat import ChatRenderer
     from suffixd.daemon.model import resolve_model_path
     from suffixd.daemon.verifier import GenerateParams, Verifier
@@ -39,8 +39,8 @@ def record(args: argparse.Namespace) -> None:
         out.write(json.dumps({"cost_profile": {str(k): c for k, c in profile.items()}}) + "\n")
         for session, msgs in _load_turns(Path(args.workload), args.turns):
             prompt = renderer.tokens(msgs)
-            if len(prompt) + args.max_tokens + 64 > n_ctx // 3:
-                continue  # as bench generate does
+            if not fits_side_by_side(len(prompt), args.max_tokens, n_ctx):
+                continue  # the turns bench generate measures
             if session != current:
                 if current is not None:
                     v.forget(current)
@@ -55,6 +55,7 @@ def record(args: argparse.Namespace) -> None:
 def _replay(turns: list[dict[str, Any]], profile: Any, policy: str) -> dict[str, float]:
     import numpy as np
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    from suffixd.cli.bench_generate import feed_prompt
 
     from suffixcache import CostProfile, Drafter, SuffixCache
 
@@ -74,14 +75,7 @@ def _replay(turns: list[dict[str, Any]], profile: Any, policy: str) -> dict[str,
             if current is not None and cache.has_session(ns, current):
                 cache.close_session(ns, current)
             current = session
-        prev = last.get(session)
-        if not cache.has_session(ns, session):
-            cache.open_session(ns, session, prompt)
-        elif prev is not None and prompt[: len(prev)] == prev:
-            cache.append_session(ns, session, prompt[len(prev) :])
-        else:
-            cache.append_session(ns, session, prompt)
-        last[session] = prompt
+        feed_prompt(cache, ns, session, prompt, last)
         n = 0
         while n < len(out):
             k = min(32, len(out) - n - 1)

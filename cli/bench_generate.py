@@ -48,6 +48,26 @@ def _load_turns(path: Path, limit: int) -> list[tuple[str, list[dict[str, str]]]
     return turns
 
 
+def fits_side_by_side(prompt_len: int, max_tokens: int, n_ctx: int) -> bool:
+    """Whether a turn fits a third of the context: the three modes keep their KV caches."""
+    return prompt_len + max_tokens + 64 <= n_ctx // 3
+
+
+def feed_prompt(
+    cache: Any, ns: str, session: str, prompt: list[int], last_prompt: dict[str, list[int]]
+) -> None:
+    """The session tree sees a turn's prompt before generating: a later prompt repeats the
+    earlier one, so only its new part is appended."""
+    prev = last_prompt.get(session)
+    if not cache.has_session(ns, session):
+        cache.open_session(ns, session, prompt)
+    elif prev is not None and prompt[: len(prev)] == prev:
+        cache.append_session(ns, session, prompt[len(prev) :])
+    else:
+        cache.append_session(ns, session, prompt)
+    last_prompt[session] = prompt
+
+
 @click.command("generate")
 @click.argument("workload", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--turns", default=200, show_default=True, help="Assistant turns to replay.")
@@ -123,7 +143,7 @@ def generate_bench(
     skipped = 0
     for session, msgs in tqdm(todo, desc="turns", disable=as_json, file=sys.stderr):
         prompt = renderer.tokens(msgs)
-        if len(prompt) + max_tokens + 64 > n_ctx // 3:  # the three modes keep their KV
+        if not fits_side_by_side(len(prompt), max_tokens, n_ctx):
             skipped += 1
             continue
         if session != current:
@@ -132,16 +152,7 @@ def generate_bench(
                 for m in wanted:
                     verifier.forget(f"{m}/{current}")
             current = session
-        # The suffixd session tree sees the new prompt tokens before generating: a
-        # later prompt repeats the earlier one, so only its new part is appended.
-        prev = last_prompt.get(session)
-        if not cache.has_session(ns, session):
-            cache.open_session(ns, session, prompt)
-        elif prev is not None and prompt[: len(prev)] == prev:
-            cache.append_session(ns, session, prompt[len(prev) :])
-        else:
-            cache.append_session(ns, session, prompt)
-        last_prompt[session] = prompt
+        feed_prompt(cache, ns, session, prompt, last_prompt)
         params = GenerateParams(max_tokens=max_tokens, record_gaps=True)
         fed = [len(prompt)]  # context tokens the session tree holds
 

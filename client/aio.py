@@ -25,16 +25,16 @@ from .types import (
     AppendResult,
     Draft,
     SessionInfo,
+    StepperState,
     append_request,
     content,
     default_target,
     message_to_dict,
     speculate_request,
-    step_request,
 )
 
 
-class AsyncStepper:
+class AsyncStepper(StepperState):
     """A session's decoding loop on one SpeculateStream (asyncio; see client.Stepper)::
 
         async with session.stepper(max_tokens=16) as st:
@@ -45,28 +45,14 @@ class AsyncStepper:
     def __init__(self, client: AsyncClient, namespace: str, session_id: str,
                  max_tokens: int | None = None, cost_profile: Mapping[int, float] | None = None,
                  defer_commit: bool = False) -> None:
-        self.namespace = namespace
-        self.session_id = session_id
-        self.max_tokens = max_tokens
-        self.cost_profile = cost_profile
-        self.defer_commit = defer_commit
-        self.closed = False
-        self._first = True
+        super().__init__(namespace, session_id, max_tokens, cost_profile, defer_commit)
         self._call = client.stub.SpeculateStream(metadata=client.metadata)
 
     async def step(self, accepted_tokens: Sequence[int] = (), *, max_tokens: int | None = None,
                    final: bool = False, draft: bool = True,
                    defer_commit: bool | None = None, kind: str = "generated") -> Draft:
         """See client.Stepper.step."""
-        if self.closed:
-            raise ValueError("this stepper is closed")
-        req = step_request(
-            self.namespace, self.session_id, self._first, accepted_tokens,
-            self.max_tokens if max_tokens is None else max_tokens,
-            self.cost_profile if self._first else None, "response" if final else kind, draft,
-            self.defer_commit if defer_commit is None else defer_commit,
-        )
-        self._first = False
+        req = self._next_request(accepted_tokens, max_tokens, final, draft, defer_commit, kind)
         try:
             await self._call.write(req)
             resp = await self._call.read()
@@ -90,13 +76,6 @@ class AsyncStepper:
                 pass
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
-
-    def use_session(self, namespace: str, session_id: str) -> None:
-        """Work on another session from the next step on, on the same stream (cheaper
-        than a stream per session: a verifier worker can keep one for all its requests)."""
-        self.namespace = namespace
-        self.session_id = session_id
-        self._first = True  # the next message names it
 
     def cancel(self) -> None:
         self.closed = True

@@ -33,12 +33,12 @@ from .types import (
     AppendResult,
     Draft,
     SessionInfo,
+    StepperState,
     append_request,
     content,
     default_target,
     message_to_dict,
     speculate_request,
-    step_request,
 )
 
 T = TypeVar("T")
@@ -65,7 +65,7 @@ def make_channel(grpc_module: Any, target: str, *, tls: bool, root_certificates:
     return grpc_module.insecure_channel(target, options=opts)
 
 
-class Stepper:
+class Stepper(StepperState):
     """A session's decoding loop on one SpeculateStream: one message and one reply per step,
     far cheaper for the daemon than a unary RPC. Use as a context manager::
 
@@ -91,13 +91,7 @@ class Stepper:
         cost_profile: Mapping[int, float] | None = None,
         defer_commit: bool = False,
     ) -> None:
-        self.namespace = namespace
-        self.session_id = session_id
-        self.max_tokens = max_tokens
-        self.cost_profile = cost_profile
-        self.defer_commit = defer_commit
-        self.closed = False
-        self._first = True
+        super().__init__(namespace, session_id, max_tokens, cost_profile, defer_commit)
         # The stream's request iterator: gRPC's sending thread blocks on this queue; None
         # half-closes the stream.
         self._requests: queue.SimpleQueue[pb.StepRequest | None] = queue.SimpleQueue()
@@ -120,15 +114,7 @@ class Stepper:
         draft from the session's new tail (``draft=False``: append only).
         ``draft.accepted``: how many tokens of the previous draft the appended ones matched
         (-1: nothing appended or no draft pending)."""
-        if self.closed:
-            raise ValueError("this stepper is closed")
-        req = step_request(
-            self.namespace, self.session_id, self._first, accepted_tokens,
-            self.max_tokens if max_tokens is None else max_tokens,
-            self.cost_profile if self._first else None, "response" if final else kind, draft,
-            self.defer_commit if defer_commit is None else defer_commit,
-        )
-        self._first = False
+        req = self._next_request(accepted_tokens, max_tokens, final, draft, defer_commit, kind)
         self._requests.put(req)
         try:
             resp = next(self._call)
@@ -157,13 +143,6 @@ class Stepper:
                 pass
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
-
-    def use_session(self, namespace: str, session_id: str) -> None:
-        """Work on another session from the next step on, on the same stream (cheaper
-        than a stream per session: a verifier worker can keep one for all its requests)."""
-        self.namespace = namespace
-        self.session_id = session_id
-        self._first = True  # the next message names it
 
     def cancel(self) -> None:
         """Abandon the stream without waiting (deferred commits may still be in flight)."""

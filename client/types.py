@@ -171,6 +171,42 @@ def step_request(
     return req
 
 
+class StepperState:
+    """What a stepper (sync or asyncio) keeps between messages: the session it works on,
+    its defaults, and whether the next message must name the session."""
+
+    def __init__(self, namespace: str, session_id: str, max_tokens: int | None,
+                 cost_profile: Mapping[int, float] | None, defer_commit: bool) -> None:
+        self.namespace = namespace
+        self.session_id = session_id
+        self.max_tokens = max_tokens
+        self.cost_profile = cost_profile
+        self.defer_commit = defer_commit
+        self.closed = False
+        self._first = True
+
+    def use_session(self, namespace: str, session_id: str) -> None:
+        """Work on another session from the next step on, on the same stream (cheaper
+        than a stream per session: a verifier worker can keep one for all its requests)."""
+        self.namespace = namespace
+        self.session_id = session_id
+        self._first = True  # the next message names it
+
+    def _next_request(self, accepted_tokens: Sequence[int], max_tokens: int | None,
+                      final: bool, draft: bool, defer_commit: bool | None,
+                      kind: str) -> pb.StepRequest:
+        if self.closed:
+            raise ValueError("this stepper is closed")
+        req = step_request(
+            self.namespace, self.session_id, self._first, accepted_tokens,
+            self.max_tokens if max_tokens is None else max_tokens,
+            self.cost_profile if self._first else None, "response" if final else kind, draft,
+            self.defer_commit if defer_commit is None else defer_commit,
+        )
+        self._first = False
+        return req
+
+
 def default_target(target: str | os.PathLike[str] | None) -> str:
     """unix:PATH or HOST:PORT. None: $SUFFIXD_ADDRESS, else the default data dir's socket."""
     if target is None:

@@ -31,6 +31,7 @@ prompt lookup or a scripted drafter in tests.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import ctypes
 import threading
 import time
@@ -788,23 +789,30 @@ class Verifier:
         """The target's logits after ``tokens`` (a scratch slot; nothing is cached)."""
         return self.logit_rows(tokens, len(tokens) - 1, 1)[-1]
 
-    def logit_rows(self, tokens: Sequence[int], n_prefix: int, batch_size: int) -> list[np.ndarray]:
-        """Logits after each of ``tokens[n_prefix:]``, evaluated ``batch_size`` at a time."""
+    @contextlib.contextmanager
+    def _scratch(self, prefix: Sequence[int], chunk: int, room: int) -> Iterator[int]:
+        """A fresh scratch slot holding ``prefix``, evaluated ``chunk`` tokens at a time
+        without logits, with ``room`` more cells; yields its sequence id, then forgets it."""
         key = "\x00scratch"
         slot = self._acquire_slot(key)
         try:
-            self._make_room(slot, len(tokens))
+            self._make_room(slot, len(prefix) + room)
             self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
             slot.tokens = []
-            if n_prefix:
-                for j in range(0, n_prefix, self.n_batch):
-                    with self._turns:
-                        part = tokens[j : min(n_prefix, j + self.n_batch)]
-                        self._decode(slot.seq_id, part, j, all_logits=False)
-            return self._rows(slot.seq_id, list(tokens[n_prefix:]), n_prefix, batch_size)
+            step = min(chunk, self.n_batch)
+            for j in range(0, len(prefix), step):
+                with self._turns:
+                    self._decode(slot.seq_id, prefix[j : j + step], j, all_logits=False)
+            yield slot.seq_id
         finally:
             self._release_slot(slot)
             self.forget(key)
+
+    def logit_rows(self, tokens: Sequence[int], n_prefix: int, batch_size: int) -> list[np.ndarray]:
+        """Logits after each of ``tokens[n_prefix:]``, evaluated ``batch_size`` at a time."""
+        tokens = list(tokens)
+        with self._scratch(tokens[:n_prefix], self.n_batch, len(tokens) - n_prefix) as seq_id:
+            return self._rows(seq_id, tokens[n_prefix:], n_prefix, batch_size)
 
     def reproduces(self, context: Sequence[int], gap: TokenGap) -> bool:
         """Whether a fresh evaluation of ``context`` with the batch shape ``gap`` was
@@ -829,22 +837,9 @@ class Verifier:
         ctx = list(context)
         if ctx[gap.pos0 :] != list(gap.batch[: gap.row + 1]):
             raise ValueError("context does not end with the recorded batch")
-        key = "\x00reproduce"
-        slot = self._acquire_slot(key)
-        try:
-            self._make_room(slot, gap.pos0 + len(gap.batch))
-            self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
-            slot.tokens = []
-            step = min(chunk, self.n_batch)
-            for j in range(0, gap.pos0, step):
-                with self._turns:
-                    self._decode(slot.seq_id, ctx[j : min(gap.pos0, j + step)], j, False)
-            with self._turns:
-                self._decode(slot.seq_id, gap.batch, gap.pos0, all_logits=True)
-                return int(np.argmax(self._logits_view(gap.row)))
-        finally:
-            self._release_slot(slot)
-            self.forget(key)
+        with self._scratch(ctx[: gap.pos0], chunk, len(gap.batch)) as seq_id, self._turns:
+            self._decode(seq_id, gap.batch, gap.pos0, all_logits=True)
+            return int(np.argmax(self._logits_view(gap.row)))
 
     def schedule_flip(
         self,
