@@ -182,12 +182,17 @@ def test_response_reaches_the_trees_once_and_durably(gen_daemon: Any) -> None:
     the response ends with one durable append: the session holds prompt + response
     exactly once, and the response is in the namespace's global tree."""
     msgs = spider_messages(2)
-    toks, _, last = collect(
-        gen_daemon.generate("once", messages=msgs, max_tokens=40, namespace="once")
-    )
+    stream = gen_daemon.generate("once", messages=msgs, max_tokens=40, namespace="once")
+    first = [next(stream) for _ in range(3)]
+    assert all(c.finish_reason in ("", None) for c in first)
+    mid = gen_daemon.describe_session("once", "once").tokens  # while generating
+    toks, _, last = collect([*first, *stream])
     assert len(toks) > 8
     info = gen_daemon.describe_session("once", "once", include_counters=True)
-    assert info.tokens == int(last.totals["prompt_tokens"]) + len(toks)
+    prompt_tokens = int(last.totals["prompt_tokens"])
+    assert info.tokens == prompt_tokens + len(toks)
+    # the session already held generated tokens before the response ended
+    assert mid > prompt_tokens
     assert info.responses == 1
     # another session of the namespace gets the response drafted from the global tree
     with gen_daemon.session(namespace="once") as other:
