@@ -144,10 +144,35 @@ def _counter_lines(e: Mapping[str, Any], indent: str = "  ") -> list[str]:
     return lines
 
 
+def _generator_lines(g: Mapping[str, Any]) -> list[str]:
+    if g["model"] == "none":
+        return ["verifier: none (the daemon runs without a model)", ""]
+    if not g["loaded"]:
+        return [f"verifier {g['model']}  (not loaded yet: it loads on the first generate)", ""]
+    costs = "  ".join(f"{k}:{c:.2f}" for k, c in sorted(g["cost_profile"].items())
+                      if k in (1, 2, 4, 8, 16, 32))
+    out = [f"verifier {g['model']}", f"  cost of verifying k tokens (x one token): {costs}"]
+    if g["batch_padding"]:
+        out.append("  padded batches: " + "  ".join(
+            f"{k}->{v}" for k, v in sorted(g["batch_padding"].items())))
+    d = g.get("draft_model")
+    if d:
+        out.append(
+            f"  draft model: drafted at {d['used']:,} steps, declined {d['skipped']:,} "
+            f"(probes {d['probes']:,}); acceptance {d['acceptance']:.2f}; now plans "
+            f"{d['planned_k']} tokens, expected {d['expected_speedup']:.2f}x plain decoding"
+        )
+    else:
+        out.append("  draft model: none (--draft-model)")
+    return out + [""]
+
+
 def render_table(report: Mapping[str, Any]) -> str:
     out: list[str] = []
+    if report.get("generator"):
+        out.extend(_generator_lines(report["generator"]))
     if not report["namespaces"]:
-        return "no namespaces yet (nothing ingested, no requests)"
+        return "\n".join(out + ["no namespaces yet (nothing ingested, no requests)"]) + "\n"
     for e in report["namespaces"]:
         files = f", {e['corpus_files']} corpus files" if "corpus_files" in e else ""
         out.append(f"namespace {e['namespace']}  ({e['open_sessions']} open sessions{files})")
@@ -184,12 +209,33 @@ def _corpus_file_counts(client: Any, names: list[str]) -> dict[str, int] | None:
     return counts
 
 
+def _generator_status(client: Any) -> dict[str, Any] | None:
+    from suffixd.v1 import generate_pb2, generate_pb2_grpc
+
+    stub = client.stub_for(generate_pb2_grpc.GeneratorStub)
+    try:
+        r = client.call(stub.GeneratorStatus, generate_pb2.GeneratorStatusRequest())
+    except SuffixdError as exc:
+        if exc.code == grpc.StatusCode.UNIMPLEMENTED:  # a daemon without the service
+            return None
+        raise
+    return {
+        "loaded": r.loaded,
+        "model": r.model or "none",
+        "cost_profile": {int(k): round(v, 3) for k, v in r.cost_profile.items()},
+        "batch_padding": {int(k): int(v) for k, v in r.batch_padding.items()},
+        "draft_model": json.loads(r.draft_model) if r.draft_model else None,
+    }
+
+
 def collect(client: Any, namespace: str | None, session_id: str | None, top: int,
             all_sessions: bool) -> dict[str, Any]:
     resp = client.stats(namespace, session_id, include_sessions=all_sessions,
                         top_documents=top)
     names = [ns["namespace"] for ns in resp.get("namespaces", [])]
-    return summarize(resp, _corpus_file_counts(client, names))
+    report = summarize(resp, _corpus_file_counts(client, names))
+    report["generator"] = _generator_status(client)
+    return report
 
 
 @click.command("stats")

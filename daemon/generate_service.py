@@ -126,6 +126,21 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
         return prompt
 
     # --------------------------------------------------------------------- RPC
+    def GeneratorStatus(
+        self, request: gpb.GeneratorStatusRequest, context: grpc.ServicerContext
+    ) -> gpb.GeneratorStatusResponse:
+        out = gpb.GeneratorStatusResponse(model=str(getattr(self.engine, "model_path", "") or ""))
+        rt = self._runtime  # not loaded on demand: asking must not cost a model load
+        if rt is not None:
+            out.loaded = True
+            for k, cost in rt.cost_profile.items():
+                out.cost_profile[int(k)] = cost
+            for k, padded in rt.verifier.batch_padding.items():
+                out.batch_padding[k] = padded
+            if rt.fallback is not None:
+                out.draft_model = json.dumps(rt.fallback.stats())
+        return out
+
     def Generate(
         self, request: gpb.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[gpb.GenerateChunk]:
@@ -201,9 +216,13 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
                 )
 
         generated: list[int] = []
+        # Set when the RPC ends early (the client went away). add_callback, unlike
+        # is_active, exists on the contexts of both the sync and the asyncio server.
+        ended = threading.Event()
+        context.add_callback(ended.set)
         try:
             for chunk in rt.verifier.generate(vkey, prompt, params, propose, on_step):
-                if not context.is_active():
+                if ended.is_set():
                     break
                 generated += chunk.tokens
                 if chunk.finish_reason is not None and sid:

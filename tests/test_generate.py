@@ -198,3 +198,85 @@ def test_response_reaches_the_trees_once_and_durably(gen_daemon: Any) -> None:
     with gen_daemon.session(namespace="once") as other:
         draft = other.speculate(context=toks[:6], max_tokens=16, cost_profile={1: 1.0, 64: 1.0})
     assert list(draft.tokens[:4]) == toks[6:10]
+
+
+def test_speculate_is_served_while_a_generate_runs(gen_daemon: Any) -> None:
+    """A Generate holds the model for seconds; the draft RPCs of other sessions must not
+    wait for it (a regression guard for the server's threading: the model's work must
+    never run where it blocks the hot path)."""
+    import threading
+
+    started, finished = threading.Event(), threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def generate() -> None:
+        try:
+            last = None
+            # greedy counting runs to max_tokens (checked below), so the run is long
+            for c in gen_daemon.generate(
+                None, prompt="1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", max_tokens=200, namespace="busy"
+            ):
+                started.set()
+                last = c
+            outcome["finish"] = last.finish_reason if last is not None else None
+        finally:
+            started.set()
+            finished.set()
+
+    t = threading.Thread(target=generate)
+    t.start()
+    assert started.wait(120)
+    text = (
+        "SELECT T1.name, T2.title FROM singer AS T1 JOIN song AS T2 ON T1.singer_id ="
+        " T2.singer_id WHERE T1.age > 20 AND T2.sales > 1000 ORDER BY T2.sales DESC LIMIT 5"
+    )
+    truth = gen_daemon.tokenize(text)
+    rounds, pos = 0, 2
+    with gen_daemon.session("busy-drafts") as s:
+        s.append(truth, kind="response")
+        s.append(truth[:pos], kind="prompt")
+        while rounds < 10 and pos + 4 < len(truth):
+            if finished.is_set():
+                break
+            d = s.speculate(max_tokens=2)
+            # the session holds the text once: a draft (if the policy drafts) follows it
+            assert d.tokens == truth[pos : pos + len(d)]
+            s.append(truth[pos : pos + 1], kind="generated")
+            pos += 1
+            rounds += 1
+        served_while_busy = not finished.is_set()
+    t.join(120)
+    assert outcome.get("finish") == "length", outcome
+    assert rounds == 10 and served_while_busy
+
+
+def test_stats_shows_the_verifier(gen_daemon: Any) -> None:
+    collect(gen_daemon.generate(None, prompt="SELECT", max_tokens=2, namespace="st"))
+
+    def stats(*extra: str) -> str:
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "suffixd.cli.main",
+                "stats",
+                "--address",
+                gen_daemon.proc.socket,
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    g = json.loads(stats("--json"))["generator"]
+    assert g["loaded"] and g["model"].endswith(".gguf")
+    profile = g["cost_profile"]
+    # the measured profile: relative to one token, a batch of 8 dearer than one token
+    assert profile["1"] == 1.0 and profile["8"] > 1.0 and len(profile) >= 8
+    assert all(int(k) < int(v) for k, v in g["batch_padding"].items())
+    assert g["draft_model"] is None  # this daemon has no --draft-model
+    text = stats()
+    assert "cost of verifying k tokens" in text and "draft model: none" in text

@@ -6,6 +6,38 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GeneratorStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GeneratorStatusResponse(_message.Message):
+    __slots__ = ("loaded", "model", "cost_profile", "batch_padding", "draft_model")
+    class CostProfileEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
+    class BatchPaddingEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    COST_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_PADDING_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    loaded: bool
+    model: str
+    cost_profile: _containers.ScalarMap[int, float]
+    batch_padding: _containers.ScalarMap[int, int]
+    draft_model: str
+    def __init__(self, loaded: _Optional[bool] = ..., model: _Optional[str] = ..., cost_profile: _Optional[_Mapping[int, float]] = ..., batch_padding: _Optional[_Mapping[int, int]] = ..., draft_model: _Optional[str] = ...) -> None: ...
+
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
     ROLE_FIELD_NUMBER: _ClassVar[int]

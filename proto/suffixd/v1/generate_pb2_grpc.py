@@ -39,6 +39,11 @@ class GeneratorStub:
                 request_serializer=suffixd_dot_v1_dot_generate__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=suffixd_dot_v1_dot_generate__pb2.GenerateChunk.FromString,
                 _registered_method=True)
+        self.GeneratorStatus = channel.unary_unary(
+                '/suffixd.v1.Generator/GeneratorStatus',
+                request_serializer=suffixd_dot_v1_dot_generate__pb2.GeneratorStatusRequest.SerializeToString,
+                response_deserializer=suffixd_dot_v1_dot_generate__pb2.GeneratorStatusResponse.FromString,
+                _registered_method=True)
 
 
 class GeneratorServicer:
@@ -51,6 +56,13 @@ class GeneratorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GeneratorStatus(self, request, context):
+        """The verifier as the daemon measured it, and the draft-model policy's decisions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GeneratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +70,11 @@ def add_GeneratorServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=suffixd_dot_v1_dot_generate__pb2.GenerateRequest.FromString,
                     response_serializer=suffixd_dot_v1_dot_generate__pb2.GenerateChunk.SerializeToString,
+            ),
+            'GeneratorStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GeneratorStatus,
+                    request_deserializer=suffixd_dot_v1_dot_generate__pb2.GeneratorStatusRequest.FromString,
+                    response_serializer=suffixd_dot_v1_dot_generate__pb2.GeneratorStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +104,33 @@ class Generator:
             '/suffixd.v1.Generator/Generate',
             suffixd_dot_v1_dot_generate__pb2.GenerateRequest.SerializeToString,
             suffixd_dot_v1_dot_generate__pb2.GenerateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GeneratorStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/suffixd.v1.Generator/GeneratorStatus',
+            suffixd_dot_v1_dot_generate__pb2.GeneratorStatusRequest.SerializeToString,
+            suffixd_dot_v1_dot_generate__pb2.GeneratorStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
