@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,21 @@ def test_draft_model_with_the_targets_vocabulary_is_accepted(daemon_factory: Any
     proc = daemon_factory(args=["--draft-model", str(embedded_model_path())])
     client = proc.client()
     assert client.info()["vocab_size"] > 0
+    # a prompt with nothing in the trees: the draft-model policy decides, and says so
+    for _ in client.generate(None, prompt="Once upon a time", max_tokens=8):
+        pass
     client.close()
+    out = subprocess.run(
+        [sys.executable, "-m", "suffixd.cli.main", "stats", "--json", "--address", proc.socket],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)["generator"]["draft_model"]
+    # every step without a tree draft was either drafted by the model or declined
+    assert d["used"] + d["skipped"] >= 1 and d["planned_k"] >= 0
+    assert d["draft_ms_per_token"] > 0 and "1" in d["verify_ms"]
 
 
 def test_unloadable_draft_model_is_refused_clearly(daemon_factory: Any, tmp_path: Path) -> None:
