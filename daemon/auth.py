@@ -1,4 +1,4 @@
-"""Bearer-token authentication for TCP listeners (a server interceptor).
+"""Bearer-token authentication for TCP listeners (a grpc.aio server interceptor).
 
 Clients send ``authorization: Bearer <token>`` metadata. The Unix socket is
 protected by its file mode instead (0600), so the interceptor is only installed
@@ -9,10 +9,11 @@ also guards the Unix socket, which costs one dictionary lookup per RPC.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+import grpc.aio
 
 # Health checks stay open so load balancers and orchestrators can probe the daemon
 # without holding the secret; they reveal nothing but SERVING / NOT_SERVING.
@@ -20,8 +21,10 @@ OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Healt
 
 
 def _deny(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    def abort(request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+    # A coroutine for every kind of method (for a response-streaming one, aio takes a
+    # coroutine that writes nothing as the reader/writer style): it only aborts.
+    async def abort(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(abort)
@@ -32,18 +35,19 @@ def _deny(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler
     return grpc.unary_unary_rpc_method_handler(abort)
 
 
-class BearerTokenInterceptor(grpc.ServerInterceptor):
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, token: str) -> None:
         if not token:
             raise ValueError("an empty auth token would accept everyone")
         self._expected = f"Bearer {token}".encode()
 
-    def intercept_service(
+    async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        continuation: Callable[[grpc.HandlerCallDetails],
+                               Awaitable[grpc.RpcMethodHandler | None]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method in OPEN_METHODS:
             return handler
         got = None

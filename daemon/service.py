@@ -1,25 +1,38 @@
 """The suffixd.v1.Suffixd servicer: protobuf <-> Engine, errors -> gRPC status codes.
 
 Per-RPC work is kept to converting messages; everything else is the engine's.
+
+It runs on the daemon's grpc.aio server (daemon/server.py, LoopServer). The hot path is
+coroutines on the server's event loop, calling the engine directly (a step is ~50-70 us
+of CPU that never waits for I/O): SpeculateStream and Speculate without an append. A
+step that must be durable does not block the loop for its fsync: its commit is queued
+(as with defer_commit) and the reply awaits it. Every other method is a plain function
+that gRPC runs in the server's thread pool; a durable unary append waits there.
+
+A coroutine may still wait on a session's lock if a thread-pool RPC holds it across a
+commit of the same session (a unary Append racing the session's own stream): rare,
+and bounded by one group commit.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
+import grpc.aio
 from suffixd.v1 import suffixd_pb2 as pb
 from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
 
 from suffixcache.store import StoreClosedError
 
 from .engine import Engine
-from .errors import EngineError, InvalidArgument
+from .errors import EngineError, InvalidArgument, Unavailable
 
 log = logging.getLogger("suffixd.service")
 
@@ -40,6 +53,17 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
         context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
     log.exception("internal error in RPC")
     context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+async def _abort_aio(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    """_abort for a coroutine handler (aio's abort is awaited; it raises)."""
+    if isinstance(exc, EngineError):
+        await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+    if isinstance(exc, StoreClosedError):
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
+    log.exception("internal error in RPC", exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL,
+                        f"internal error: {type(exc).__name__}: {exc}")
 
 
 def rpc(fn: F) -> F:
@@ -119,35 +143,19 @@ def _cost_profile(msg: pb.CostProfile) -> dict[str, Any] | None:
     return {str(k): float(c) for k, c in zip(msg.k, msg.cost, strict=True)}
 
 
-# Open SpeculateStream calls at once by default. Each holds a thread of its own pool for its
-# lifetime (the sync gRPC server runs a streaming handler on one thread), so the limit bounds
-# threads, not work: an idle stream costs no CPU.
+# Open SpeculateStream calls at once by default. An open stream costs no thread (it runs
+# on the event loop) and no CPU while idle; the limit bounds memory and per-stream state.
 DEFAULT_MAX_STREAMS = 64
-# Threads of the stream pool beyond the limit: they only answer RESOURCE_EXHAUSTED, so a
-# stream over the limit is refused at once instead of queueing for a thread.
-_STREAM_SPARE_THREADS = 4
 
 
 class SuffixdServicer(pb_grpc.SuffixdServicer):
-    def __init__(self, engine: Engine, max_streams: int = DEFAULT_MAX_STREAMS) -> None:
+    def __init__(self, engine: Engine, max_streams: int = DEFAULT_MAX_STREAMS,
+                 pool: futures.Executor | None = None) -> None:
         self.engine = engine
         self.max_streams = max(1, max_streams)
-        self._stream_slots = threading.BoundedSemaphore(self.max_streams)
-        # Streams run on their own pool (gRPC's per-method experimental_thread_pool), so
-        # long-lived streams never starve the unary RPCs of the server's pool.
-        self.stream_pool = futures.ThreadPoolExecutor(
-            max_workers=self.max_streams + _STREAM_SPARE_THREADS, thread_name_prefix="stream"
-        )
-
-        def speculate_stream(
-            request_iterator: Iterator[pb.StepRequest], context: grpc.ServicerContext
-        ) -> Iterator[pb.SpeculateResponse]:
-            return self._speculate_stream(request_iterator, context)
-
-        speculate_stream.experimental_thread_pool = self.stream_pool  # type: ignore[attr-defined]
-        # An instance attribute shadows the base class's UNIMPLEMENTED method; the
-        # generated registration picks it up by name.
-        self.SpeculateStream = speculate_stream  # type: ignore[method-assign]
+        self._open_streams = 0  # only touched on the event loop
+        # Where the coroutines send work that waits for a commit (None: the loop's default).
+        self.pool = pool
 
     def _tokens_of(self, request: Any) -> list[int]:
         which = request.WhichOneof("content")
@@ -264,8 +272,18 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
             tokens += sum(r.appended for r in res)
         return pb.IngestSummary(items=items, tokens=tokens)
 
-    @rpc
-    def Speculate(self, request: pb.SpeculateRequest, context: grpc.ServicerContext) -> Any:
+    async def Speculate(self, request: pb.SpeculateRequest,
+                        context: grpc.aio.ServicerContext) -> Any:
+        # Drafting alone runs on the loop; an append waits for its commit in the pool.
+        try:
+            if request.HasField("append"):
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(self.pool, self._speculate, request)
+            return self._speculate(request)
+        except Exception as exc:
+            await _abort_aio(context, exc)
+
+    def _speculate(self, request: pb.SpeculateRequest) -> pb.SpeculateResponse:
         ctx = list(request.context.ids) if request.HasField("context") else None
         appended = None
         if request.HasField("append"):
@@ -297,79 +315,99 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
             resp.accepted = -1
         return resp
 
-    def _speculate_stream(
-        self, request_iterator: Iterator[pb.StepRequest], context: grpc.ServicerContext
-    ) -> Iterator[pb.SpeculateResponse]:
+    async def SpeculateStream(
+        self, request_iterator: AsyncIterator[pb.StepRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.SpeculateResponse]:
         """See SpeculateStream in suffixd.proto. The hot path of a verifier: per message one
-        engine.step (durable append + draft) and one response, nothing else."""
-        if not self._stream_slots.acquire(blocking=False):
-            context.abort(
+        engine.step (append + draft) and one response, on the event loop."""
+        if self._open_streams >= self.max_streams:
+            await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"{self.max_streams} SpeculateStream calls are open; the limit is "
                 f"{self.max_streams} (close some, or use unary Speculate)",
             )
+        self._open_streams += 1
         try:
-            yield from self._stream_steps(request_iterator, context)
-        finally:
-            self._stream_slots.release()
-
-    def _stream_steps(
-        self, request_iterator: Iterator[pb.StepRequest], context: grpc.ServicerContext
-    ) -> Iterator[pb.SpeculateResponse]:
-        engine = self.engine
-        step = engine.step
-        Response = pb.SpeculateResponse
-        sess: Any = None
-        ns = sid = ""
-        drafter = None
-        deferred: dict[int, Any] = {}  # sessions with deferred commits, waited for at the end
-        # A message that fails is answered with its status, which ends the stream: the
-        # client cannot tell which later messages it already sent would have applied.
-        # (grpc.RpcError from the iterator is the client going away; gRPC handles it.)
-        for req in request_iterator:
+            engine = self.engine
+            step = engine.step
+            Response = pb.SpeculateResponse
+            loop = asyncio.get_running_loop()
+            sess: Any = None
+            ns = sid = ""
+            drafter = None
+            deferred: dict[int, Any] = {}  # sessions with deferred commits, awaited at the end
+            # A message that fails is answered with its status, which ends the stream: the
+            # client cannot tell which later messages it already sent would have applied.
+            async for req in request_iterator:
+                try:
+                    rns, rsid = req.namespace, req.session_id
+                    if sess is None or ((rns or rsid) and (rns != ns or rsid != sid)):
+                        # The first message, or one naming another session: resolved and
+                        # validated like any RPC naming it (namespaces stay isolated).
+                        sess = engine.stream_session(rns, rsid)
+                        ns, sid = rns, rsid
+                    if req.HasField("cost_profile"):
+                        drafter = engine.drafter_for(_cost_profile(req.cost_profile))
+                    kind = KIND_NAMES.get(req.append_kind or pb.KIND_GENERATED)
+                    if kind is None:
+                        raise InvalidArgument(
+                            "append_kind must be one of KIND_PROMPT, KIND_TOOL, "
+                            "KIND_RESPONSE, KIND_GENERATED"
+                        )
+                    if kind == "response" and req.append:
+                        # Ends the response: a new global-tree sequence whose id the
+                        # engine waits for, so the whole step waits in the pool.
+                        appended, draft = await loop.run_in_executor(
+                            self.pool, step, sess, kind, req.append, req.max_tokens or None,
+                            drafter, not req.no_draft, False)
+                    else:
+                        # Applied at once, its commit queued behind the session's earlier
+                        # writes; a durable step's reply awaits that commit (a failed one
+                        # fails the step and every later append of the session).
+                        appended, draft = step(sess, kind, req.append, req.max_tokens or None,
+                                               drafter, not req.no_draft, True)
+                        if appended is not None:
+                            if req.defer_commit:
+                                deferred[id(sess)] = sess
+                            else:
+                                await self._committed(sess)
+                except Exception as exc:
+                    await _abort_aio(context, exc)
+                if draft is not None:
+                    resp = Response(tokens=draft.tokens, parents=draft.parents,
+                                    probs=draft.probs, match_len=draft.match_len,
+                                    sources=draft.sources, score=draft.score)
+                    resp.source = draft.source
+                else:
+                    resp = Response()
+                if appended is not None:
+                    resp.accepted = appended.accepted
+                    resp.session_tokens = appended.session_tokens
+                else:
+                    resp.accepted = -1
+                    resp.session_tokens = int(sess.rec.get("tokens", 0))
+                resp.durable_tokens = sess.durable_tokens
+                yield resp
+            # The client half-closed: the OK status promises that everything is committed.
             try:
-                rns, rsid = req.namespace, req.session_id
-                if sess is None or ((rns or rsid) and (rns != ns or rsid != sid)):
-                    # The first message, or one naming another session: resolved and
-                    # validated like any RPC naming it (namespaces stay isolated).
-                    sess = engine.stream_session(rns, rsid)
-                    ns, sid = rns, rsid
-                if req.HasField("cost_profile"):
-                    drafter = engine.drafter_for(_cost_profile(req.cost_profile))
-                kind = KIND_NAMES.get(req.append_kind or pb.KIND_GENERATED)
-                if kind is None:
-                    raise InvalidArgument(
-                        "append_kind must be one of KIND_PROMPT, KIND_TOOL, KIND_RESPONSE, "
-                        "KIND_GENERATED"
-                    )
-                appended, draft = step(sess, kind, req.append, req.max_tokens or None,
-                                       drafter, not req.no_draft, req.defer_commit)
-                if req.defer_commit:
-                    deferred[id(sess)] = sess
+                for s in deferred.values():
+                    await self._committed(s)
             except Exception as exc:
-                _abort(context, exc)
-                raise  # unreachable: abort raises
-            if draft is not None:
-                resp = Response(tokens=draft.tokens, parents=draft.parents, probs=draft.probs,
-                                match_len=draft.match_len, sources=draft.sources,
-                                score=draft.score)
-                resp.source = draft.source
-            else:
-                resp = Response()
-            if appended is not None:
-                resp.accepted = appended.accepted
-                resp.session_tokens = appended.session_tokens
-            else:
-                resp.accepted = -1
-                resp.session_tokens = int(sess.rec.get("tokens", 0))
-            resp.durable_tokens = sess.durable_tokens
-            yield resp
-        # The client half-closed: the OK status promises that everything is committed.
-        try:
-            for s in deferred.values():
-                engine.wait_commits(s)
-        except Exception as exc:
-            _abort(context, exc)
+                await _abort_aio(context, exc)
+        finally:
+            self._open_streams -= 1
+
+    async def _committed(self, sess: Any) -> None:
+        """Await the session's queued commits without blocking the loop (engine.wait_commits
+        as a coroutine); Unavailable if one failed."""
+        fut = sess.last_commit
+        if fut is not None and not fut.done():
+            with contextlib.suppress(Exception):  # reported through write_error
+                await asyncio.wrap_future(fut)
+        if sess.write_error is not None:
+            self.engine.wait_commits(sess)  # raises Unavailable with the engine's message
+            raise Unavailable("a commit failed")  # unreachable: wait_commits raised
 
     @rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> Any:
@@ -398,7 +436,9 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
         return out
 
 
-def register(server: grpc.Server, engine: Engine,
+def register(server: Any, engine: Engine,
              max_streams: int = DEFAULT_MAX_STREAMS) -> list[str]:
-    pb_grpc.add_SuffixdServicer_to_server(SuffixdServicer(engine, max_streams), server)
+    """Add the servicer to the daemon's aio server (daemon/server.py, LoopServer)."""
+    servicer = SuffixdServicer(engine, max_streams, getattr(server, "thread_pool", None))
+    pb_grpc.add_SuffixdServicer_to_server(servicer, server)
     return [pb.DESCRIPTOR.services_by_name["Suffixd"].full_name]
