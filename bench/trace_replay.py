@@ -91,7 +91,7 @@ def _replay(turns: list[dict[str, Any]], profile: Any, policy: str) -> dict[str,
             a = 0
             while a < len(path) and n + a < len(out) and path[a] == out[n + a]:
                 a += 1
-            if draft is not None and path:
+            if draft is not None:  # empty drafts too, as the verifier's on_step does
                 drafter.observe(draft, a)
             steps += 1
             drafted += len(path)

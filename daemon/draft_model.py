@@ -235,7 +235,8 @@ class FallbackProposer:
         draft = self.primary(context, k) if self.primary is not None else None
         if draft is not None and len(draft.path() if hasattr(draft, "path") else draft) > 0:
             return draft
-        return self.fallback(context, k) if self.fallback is not None else draft
+        model_draft = self.fallback(context, k) if self.fallback is not None else None
+        return model_draft if model_draft is not None else draft
 
     def observe(self, draft: Any, accepted: int) -> None:
         if isinstance(draft, ModelDraft):

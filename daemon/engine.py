@@ -73,6 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from suffixcache.drafter import Draft
 from suffixcache.store import Store, Txn
 
 from .config import CacheConfig, Limits
@@ -973,7 +974,10 @@ class Engine:
         """
         if source not in SOURCES:
             source = "none"
-        if draft is not None and len(draft.tokens) and source != "draft_model":
+        # Empty drafts too: the drafter's achieved rate must count the steps it
+        # declined (one token at the cost of one), or it overrates what it achieves
+        # and drafts too little.
+        if isinstance(draft, Draft) and source != "draft_model":
             # Calibration is advisory; a failure there must not fail an append.
             with contextlib.suppress(Exception):
                 self.drafter.observe(draft, accepted, accepted_tokens)

@@ -186,34 +186,35 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
         fed = [len(prompt)]  # context tokens the session already holds
 
         def propose(ctx: list[int], k: int) -> Any:
-            draft = None
-            if sess is not None:
+            if sess is not None and len(ctx) > fed[0]:
                 # The session tree follows the response step by step, so a response that
                 # repeats itself is drafted from its own beginning. Each step's tokens
                 # go to the trees now and their commit is queued; the final "response"
                 # append waits for all of them (the store commits in order).
-                if len(ctx) > fed[0]:
-                    engine.step(sess, "generated", ctx[fed[0] :], draft=False, defer_commit=True)
-                    fed[0] = len(ctx)
-                draft = engine.propose(ns, sid, ctx, max_tokens=k, remember=False)
+                engine.step(sess, "generated", ctx[fed[0] :], draft=False, defer_commit=True)
+                fed[0] = len(ctx)
+            # A one-off request (no session) still drafts from its namespace's global
+            # and corpus trees.
+            draft = engine.propose(ns, sid or None, ctx, max_tokens=k, remember=False)
             if (draft is None or not len(draft.tokens)) and fallback is not None:
-                return fallback(ctx, k)
+                model_draft = fallback(ctx, k)
+                if model_draft is not None:
+                    return model_draft
             return draft
 
         def on_step(draft: Any, accepted: int) -> None:
             path = draft.path()
             if getattr(draft, "source", "") == "draft_model" and fallback is not None:
                 fallback.observe(draft, accepted)
-            if sid:
-                engine.record_step(
-                    ns,
-                    sid,
-                    draft.source,
-                    len(path),
-                    accepted,
-                    draft=draft,
-                    accepted_tokens=path[:accepted],
-                )
+            engine.record_step(
+                ns,
+                sid or None,
+                draft.source if path else "none",
+                len(path),
+                accepted,
+                draft=draft,
+                accepted_tokens=path[:accepted],
+            )
 
         generated: list[int] = []
         # Set when the RPC ends early (the client went away). add_callback, unlike

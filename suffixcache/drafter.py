@@ -41,13 +41,14 @@ from suffixcache.cost import CostProfile
 SOURCES = ("session", "global", "corpus")
 SOURCE_IDS = {name: i for i, name in enumerate(SOURCES)}
 CALIBRATION_PRIOR_WEIGHT = 4.0
-# An upper-confidence bonus of one standard error on the calibrated acceptance. The
-# calibrator only learns from what it drafts (bandit feedback): without the bonus, a bin
-# that starts badly is never drafted again. On the real model's own greedy outputs
-# (bench/trace_replay.py; 238 spider_dev turns, 60 prose turns) 1.0 gives 1.417 / 1.409
-# cost-model speed-up against 1.351 / 1.308 without it; on the replay protocol's recorded
-# responses it costs 0.04 on spider_dev (1.908 vs 1.948) and 0.006 on swe_django.
-CALIBRATION_OPTIMISM = 1.0
+# An upper-confidence bonus, in standard errors, on the calibrated acceptance (the
+# calibrator learns only from what it drafts). It is off: measured with every step fed
+# back (empty drafts included), one standard error gains nothing on the model's own
+# greedy outputs (bench/trace_replay.py: 1.502 vs 1.509 on 238 spider_dev turns, 1.443 vs
+# 1.450 on 60 prose turns) and costs 2% on the replay protocol (1.908 vs 1.948 on
+# spider_dev). An earlier gain from it (1.351 -> 1.417) compensated for a bug: the
+# achieved rate counted only the steps with a draft.
+CALIBRATION_OPTIMISM = 0.0
 MAX_TRACKED_SESSIONS = 100_000
 RATE_DECAY = 0.999  # the achieved rate averages over roughly the last thousand steps
 RATE_PRIOR = 20.0  # pseudo-steps at rate 1 before any feedback
@@ -280,6 +281,11 @@ class Drafter:
         self, draft: Draft, accepted: int, accepted_tokens: Sequence[int] | None = None
     ) -> None:
         """Feeds back how many draft tokens the verifier accepted.
+
+        Call it for every step the drafter was asked about, empty drafts included: a
+        step without a draft is one token at the cost of one, and the achieved rate
+        each draft must beat has to count it (without those steps the rate is
+        overrated and the drafter drafts too little).
 
         For a tree draft pass the accepted tokens too, so that only the nodes on
         the accepted branch count as hits.

@@ -17,6 +17,7 @@ from suffixd.daemon.verifier import (
     GenerateParams,
     TokenGap,
     Verifier,
+    _plausible,
     certify_greedy,
     plan_batch_shapes,
 )
@@ -257,6 +258,14 @@ def test_plan_batch_shapes_pads_only_to_clearly_cheaper_sizes() -> None:
     assert all(effective[k] <= seconds[k] for k in seconds)
     # a single token is never padded (a cheaper larger batch there is noise)
     assert plan_batch_shapes({1: 2.0, 2: 1.0, 4: 1.5}) == ({}, {1: 2.0, 2: 1.0, 4: 1.5})
+
+
+def test_a_profile_where_one_token_is_not_the_cheapest_is_implausible() -> None:
+    assert _plausible({1: [1.2, 1.0], 2: [2.0, 1.9], 8: [3.0]})
+    assert _plausible({1: [1.0], 2: [1.0]})  # a tie is possible
+    # one token dearer than eight: llama.cpp's threads starved by other processes
+    assert not _plausible({1: [9.0, 8.5], 2: [2.0], 8: [1.0]})
+    assert _plausible({2: [1.0], 4: [0.5]})  # nothing to compare with
 
 
 def test_padded_batches_stay_lossless_and_reproducible(verifier: Verifier, monkeypatch) -> None:
