@@ -68,6 +68,20 @@ def feed_prompt(
     last_prompt[session] = prompt
 
 
+def replays_both(
+    verifier: Any, context: list[int], ref: list[Any], cand: list[Any], where: int
+) -> bool:
+    """Whether rebuilding the KV cache the way each run built it during this turn (its own
+    sequence of batches, rolled back as it was) makes llama.cpp pick that run's token at
+    the parting: then each run did exactly what the model computes for its schedule."""
+    for chunk in (512, 256):  # the prompt before the turn's first batch: n_batch chunks
+        if verifier.replayed_choice(context, ref, ref[where], chunk) == ref[where].token and (
+            verifier.replayed_choice(context, cand, cand[where], chunk) == cand[where].token
+        ):
+            return True
+    return False
+
+
 @click.command("generate")
 @click.argument("workload", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--turns", default=200, show_default=True, help="Assistant turns to replay.")
@@ -210,7 +224,9 @@ def generate_bench(
                 # arithmetic on these exact tokens, not the decoding loop.
                 context = prompt + [g.token for g in ref_g[:where]]
                 try:
-                    if verifier.schedule_flip(context, ref_g[where], cand_g[where]):
+                    if verifier.schedule_flip(
+                        context, ref_g[where], cand_g[where]
+                    ) or replays_both(verifier, context, ref_g, cand_g, where):
                         verdict = "shape_flip"
                 except ValueError:  # no batch record to re-evaluate: stays diverged
                     pass

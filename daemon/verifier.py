@@ -873,6 +873,39 @@ class Verifier:
             self._decode(seq_id, gap.batch, gap.pos0, all_logits=True)
             return int(np.argmax(self._logits_view(gap.row)))
 
+    def replayed_choice(
+        self, context: Sequence[int], steps: Sequence[TokenGap], gap: TokenGap, chunk: int
+    ) -> int:
+        """The token picked at ``gap``'s position when a fresh slot is built the way the
+        run built it: ``context`` up to the run's first recorded batch in chunks of
+        ``chunk`` tokens, then every batch the run evaluated before ``gap``'s (``steps``:
+        its gap records, one or more per batch, in order), each rolled back to what the
+        run kept, then ``gap``'s own batch."""
+        if gap.pos0 < 0 or not gap.batch:
+            raise ValueError("this gap record has no batch shape (record_gaps=True runs do)")
+        batches: list[tuple[int, tuple[int, ...]]] = []
+        for g in steps:
+            if g.pos0 < 0 or not g.batch:
+                raise ValueError("a step record has no batch shape")
+            if g.pos0 >= gap.pos0:
+                break
+            if not batches or batches[-1][0] != g.pos0:
+                batches.append((g.pos0, g.batch))
+        start = batches[0][0] if batches else gap.pos0
+        ctx = list(context)
+        if ctx[gap.pos0 :] != list(gap.batch[: gap.row + 1]):
+            raise ValueError("context does not end with the recorded batch")
+        room = max(p + len(b) for p, b in [*batches, (gap.pos0, gap.batch)]) - start
+        with self._scratch(ctx[:start], chunk, room) as seq_id:
+            ends = [p for p, _ in batches[1:]] + [gap.pos0] * bool(batches)
+            for (pos0, batch), keep in zip(batches, ends, strict=True):
+                with self._turns:
+                    self._decode(seq_id, batch, pos0, all_logits=True)
+                    self._seq_rm(seq_id, keep)
+            with self._turns:
+                self._decode(seq_id, gap.batch, gap.pos0, all_logits=True)
+                return int(np.argmax(self._logits_view(gap.row)))
+
     def schedule_flip(
         self,
         context: Sequence[int],

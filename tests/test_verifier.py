@@ -322,6 +322,12 @@ def test_padded_batches_stay_lossless_and_reproducible(verifier: Verifier, monke
     wrong = TokenGap(g.top2, g.top1, g.top2, g.gap, g.top, g.pos0, g.batch, g.row)
     assert not verifier.schedule_flip(ctx, g, wrong, chunks=(512, 64))
     assert verifier.schedule_flip(ctx, g, g, chunks=(512,))
+    # Rebuilding the KV cache with the run's own batches, rolled back as the run rolled
+    # them back, reproduces its choices (the last clear position has the most history).
+    for i in (clear[0], clear[-1]):
+        ctx = prompt + out[:i]
+        assert verifier.replayed_choice(ctx, gaps, gaps[i], 512) == gaps[i].token
+        assert verifier.replayed_choice(ctx, ref_gaps, ref_gaps[i], 256) == ref_gaps[i].token
     i = clear[-1]
     with pytest.raises(ValueError, match="does not end with"):
         verifier.reproduces(prompt + out[: i - 1] + [out[i - 1] + 1], gaps[i])
