@@ -3,6 +3,7 @@
     python bench/daemon_bench.py rpc --clients 16 --seconds 30 [--procs 4]
     python bench/daemon_bench.py rpc --mode unary --mode stream --mode stream-deferred
     python bench/daemon_bench.py loop --clients 8 --steps 500 --mode stream
+    python bench/daemon_bench.py loop --clients 16 --seconds 30 --procs 2 --async --mode stream
     python bench/daemon_bench.py restart --tokens 5000000
     python bench/daemon_bench.py crash --rounds 3
 
@@ -23,10 +24,13 @@ after the other so they compare side by side):
 * ``stream-deferred``: the same with defer_commit (replies do not wait for the fsync; the
   final response append still does).
 
-loop: the per-step cost alone. Each client thread (one process) opens one session with 64
-tokens and runs ``--steps`` steps of one token (cycling through those 64, so drafts match):
-steps/s, and the client's and the daemon's CPU time per step. No prompts, no session
-churn, no timestamps per call.
+loop: the per-step cost alone. Each client opens one session with 64 tokens and runs
+``--steps`` steps (or ``--seconds``) of one token (cycling through those 64, so drafts
+match), all starting together: steps/s, step latency (p50/p99/mean: a step is one stream
+message, one Speculate carrying the append, or Speculate + Append), and the client's and
+the daemon's CPU time per step. No prompts, no session churn. Clients are threads in
+``--procs`` processes (default 1), or with ``--async`` AsyncClient tasks on one event loop
+per process (the client side of a 2-core machine shares the cores with the daemon).
 
 ``--keep-session``: each client keeps one session for the whole run (an agent's
 conversation: per turn append the prompt, decode the response) instead of opening and
@@ -327,51 +331,142 @@ def _bench_rpc_mode(clients: int, seconds: float, procs: int,
 
 
 # ----------------------------------------------------------------------------- loop
-def _loop_client(target: str, i: int, steps: int, mode: str) -> None:
+def _loop_sync(target: str, i: int, steps: float, mode: str, start_at: float, end: float,
+               lat: list[float]) -> None:
     from suffixd.client import Client
 
     c = Client(target, retries=0)
     base = list(range(1000, 1064))
     sid = c.open_session("loop", f"l{mode}{i}", tokens=base).session_id
+    pc = time.perf_counter
+    j = 0
     if mode.startswith("stream"):
         with c.stepper("loop", sid, max_tokens=16,
                        defer_commit=mode == "stream-deferred") as st:
             st.step()
-            for j in range(steps):
+            _wait_until(start_at)
+            while j < steps and time.time() < end:
+                t = pc()
                 st.step([base[j % 64]])
-    elif mode == "step":
-        for j in range(steps):
-            c.step("loop", sid, [base[j % 64]], 16)
+                lat.append(pc() - t)
+                j += 1
     else:
-        for j in range(steps):
-            c.speculate("loop", sid, None, 16)
-            c.append("loop", sid, [base[j % 64]], kind="generated")
+        _wait_until(start_at)
+        while j < steps and time.time() < end:
+            t = pc()
+            if mode == "step":
+                c.step("loop", sid, [base[j % 64]], 16)
+            else:
+                c.speculate("loop", sid, None, 16)
+                c.append("loop", sid, [base[j % 64]], kind="generated")
+            lat.append(pc() - t)
+            j += 1
     c.close()
 
 
-def bench_loop(clients: int, steps: int, modes: list[str], extra: list[str]) -> None:
+async def _loop_async(target: str, i: int, steps: float, mode: str, start_at: float,
+                      end: float, lat: list[float]) -> None:
+    import asyncio
+
+    from suffixd.client import AsyncClient
+
+    c = AsyncClient(target, retries=0)
+    base = list(range(1000, 1064))
+    sid = (await c.open_session("loop", f"l{mode}{i}", tokens=base)).session_id
+    pc = time.perf_counter
+    j = 0
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    if mode.startswith("stream"):
+        async with c.stepper("loop", sid, max_tokens=16,
+                             defer_commit=mode == "stream-deferred") as st:
+            await st.step()
+            while j < steps and time.time() < end:
+                t = pc()
+                await st.step([base[j % 64]])
+                lat.append(pc() - t)
+                j += 1
+    else:
+        while j < steps and time.time() < end:
+            t = pc()
+            if mode == "step":
+                await c.step("loop", sid, [base[j % 64]], 16)
+            else:
+                await c.speculate("loop", sid, None, 16)
+                await c.append("loop", sid, [base[j % 64]], kind="generated")
+            lat.append(pc() - t)
+            j += 1
+    await c.close()
+
+
+def _wait_until(t: float) -> None:
+    while time.time() < t:
+        time.sleep(0.001)
+
+
+def _loop_proc(args: tuple[str, int, int, float, str, float, float, bool]) -> dict[str, Any]:
+    """One client process: ``n`` clients (threads, or asyncio tasks on one loop)."""
+    target, first, n, steps, mode, start_at, end, use_async = args
+    lats: list[list[float]] = [[] for _ in range(n)]
+    c0 = time.process_time()
+    if use_async:
+        import asyncio
+
+        async def all_clients() -> None:
+            await asyncio.gather(*(_loop_async(target, first + k, steps, mode, start_at, end,
+                                               lats[k]) for k in range(n)))
+
+        asyncio.run(all_clients())
+    else:
+        threads = [threading.Thread(target=_loop_sync, args=(target, first + k, steps, mode,
+                                                             start_at, end, lats[k]))
+                   for k in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return {"lat": [x for lat in lats for x in lat], "cpu_s": time.process_time() - c0,
+            "done": time.time()}
+
+
+def bench_loop(clients: int, steps: int, modes: list[str], extra: list[str],
+               seconds: float = 0.0, procs: int = 1, use_async: bool = False) -> None:
     for mode in modes:
         load_before = os.getloadavg()[0]
+        per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
         with tempfile.TemporaryDirectory() as tmp:
             proc, target, _ = start_daemon(Path(tmp) / "data", *extra)
             try:
-                s0, c0, w0 = _cpu_s(proc.pid), time.process_time(), time.perf_counter()
-                threads = [threading.Thread(target=_loop_client, args=(target, i, steps, mode))
-                           for i in range(clients)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                wall = time.perf_counter() - w0
-                server, client = _cpu_s(proc.pid) - s0, time.process_time() - c0
+                # Every client opens its session and stream first; steps start together.
+                start_at = time.time() + 1.0 + 1.0 * procs
+                end = start_at + seconds if seconds else float("inf")
+                n_steps = float("inf") if seconds else float(steps)
+                ctx = mp.get_context("spawn")
+                with ctx.Pool(procs) as pool:
+                    s0 = None
+                    res = pool.map_async(_loop_proc, [
+                        (target, sum(per[:k]), per[k], n_steps, mode, start_at, end, use_async)
+                        for k in range(procs)])
+                    while time.time() < start_at:
+                        time.sleep(0.001)
+                    s0 = _cpu_s(proc.pid)
+                    parts = res.get()
+                    server = _cpu_s(proc.pid) - s0
             finally:
                 stop_daemon(proc)
-        n = clients * steps
+        lat = [x for p in parts for x in p["lat"]]
+        wall = max(p["done"] for p in parts) - start_at
+        n = len(lat)
+        # Client CPU includes start-up (imports, channels): a slight over-estimate per step.
+        client = sum(p["cpu_s"] for p in parts)
         print(json.dumps({
-            "bench": "loop", "mode": mode, "clients": clients, "steps": steps,
-            "load_before": load_before, "steps_s": round(n / wall),
-            "server_cpu_us_per_step": round(server / n * 1e6, 1),
-            "client_cpu_us_per_step": round(client / n * 1e6, 1),
+            "bench": "loop", "mode": mode, "clients": clients, "client_procs": procs,
+            "client": "async" if use_async else "threads",
+            "steps": n, "seconds": round(wall, 2), "load_before": load_before,
+            "steps_s": round(n / wall),
+            "step_ms_p50": round(pct(lat, 0.5), 3), "step_ms_p99": round(pct(lat, 0.99), 3),
+            "step_ms_mean": round(statistics.fmean(lat) * 1000, 3) if lat else None,
+            "server_cpu_us_per_step": round(server / max(1, n) * 1e6, 1),
+            "client_cpu_us_per_step": round(client / max(1, n) * 1e6, 1),
         }), flush=True)
 
 
@@ -526,7 +621,12 @@ def main() -> None:
                    help="repeatable; each mode on a fresh daemon, one after the other")
     lp = sub.add_parser("loop")
     lp.add_argument("--clients", type=int, default=8)
-    lp.add_argument("--steps", type=int, default=500)
+    lp.add_argument("--steps", type=int, default=500, help="steps per client")
+    lp.add_argument("--seconds", type=float, default=0.0,
+                    help="run each mode this long instead of a number of steps")
+    lp.add_argument("--procs", type=int, default=1, help="client processes sharing the clients")
+    lp.add_argument("--async", dest="use_async", action="store_true",
+                    help="AsyncClient: each process runs its clients as tasks on one loop")
     lp.add_argument("--mode", action="append", default=[],
                     choices=["unary", "step", "stream", "stream-deferred"])
     lp.add_argument("--serve-arg", action="append", default=[], help="extra `serve` argument")
@@ -543,7 +643,7 @@ def main() -> None:
         bench_rpc(a.clients, a.seconds, a.procs, a.turns, a.serve_arg, modes, a.prompt_tokens)
     elif a.cmd == "loop":
         bench_loop(a.clients, a.steps, a.mode or ["unary", "step", "stream", "stream-deferred"],
-                   a.serve_arg)
+                   a.serve_arg, a.seconds, a.procs, a.use_async)
     elif a.cmd == "restart":
         bench_restart(a.tokens, a.batch_tokens)
     else:
