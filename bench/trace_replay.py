@@ -92,7 +92,7 @@ def _replay(turns: list[dict[str, Any]], profile: Any, policy: str) -> dict[str,
             while a < len(path) and n + a < len(out) and path[a] == out[n + a]:
                 a += 1
             if draft is not None:  # empty drafts too, as the verifier's on_step does
-                drafter.observe(draft, a)
+                drafter.observe(draft, a, out[n : n + a + 1])
             steps += 1
             drafted += len(path)
             accepted += a

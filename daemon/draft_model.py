@@ -184,7 +184,8 @@ class AdaptiveDrafter:
         tokens = self._draft(context, k)
         return ModelDraft(tokens) if tokens else None
 
-    def observe(self, draft: Any, accepted: int) -> None:
+    def observe(self, draft: Any, accepted: int, new: Sequence[int] | None = None) -> None:
+        """Learn the per-token acceptance (a verifier's on_step; ``new`` is not needed)."""
         n = len(draft.path())
         with self._lock:
             # per-token acceptance: a run of `accepted` hits ended by a miss (if any)
@@ -225,7 +226,7 @@ class FallbackProposer:
         self,
         primary: Callable[[list[int], int], Any] | None,
         fallback: AdaptiveDrafter | None,
-        primary_observe: Callable[[Any, int], None] | None = None,
+        primary_observe: Callable[[Any, int, Sequence[int] | None], None] | None = None,
     ) -> None:
         self.primary = primary
         self.fallback = fallback
@@ -238,9 +239,9 @@ class FallbackProposer:
         model_draft = self.fallback(context, k) if self.fallback is not None else None
         return model_draft if model_draft is not None else draft
 
-    def observe(self, draft: Any, accepted: int) -> None:
+    def observe(self, draft: Any, accepted: int, new: Sequence[int] | None = None) -> None:
         if isinstance(draft, ModelDraft):
             if self.fallback is not None:
                 self.fallback.observe(draft, accepted)
         elif self.primary_observe is not None:
-            self.primary_observe(draft, accepted)
+            self.primary_observe(draft, accepted, new)

@@ -202,7 +202,7 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
                     return model_draft
             return draft
 
-        def on_step(draft: Any, accepted: int) -> None:
+        def on_step(draft: Any, accepted: int, new: list[int]) -> None:
             path = draft.path()
             if getattr(draft, "source", "") == "draft_model" and fallback is not None:
                 fallback.observe(draft, accepted)
@@ -213,7 +213,7 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
                 len(path),
                 accepted,
                 draft=draft,
-                accepted_tokens=path[:accepted],
+                accepted_tokens=new,
             )
 
         generated: list[int] = []

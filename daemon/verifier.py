@@ -65,7 +65,9 @@ class DraftLike(Protocol):
 
 
 Proposer = Callable[[list[int], int], "DraftLike | Sequence[int] | None"]
-StepCallback = Callable[[Any, int], None]
+# on_step(draft, accepted, new): ``new`` is the accepted draft tokens and the verifier's own
+# next token after them.
+StepCallback = Callable[[Any, int, list[int]], None]
 
 
 class ContextOverflowError(ValueError):
@@ -243,7 +245,7 @@ def _draw(p: np.ndarray, rng: np.random.Generator) -> int:
 PAD_MARGIN = 0.95
 # Rounds of the cost measurement while it still looks load-distorted (see
 # measure_cost_profile); one round of 33 sizes takes about 1.5 s here.
-MAX_PROFILE_ROUNDS = 15
+MAX_PROFILE_ROUNDS = 8
 
 
 def _plausible(samples: dict[int, list[float]]) -> bool:
@@ -564,8 +566,10 @@ class Verifier:
 
         ``propose(context, k)`` returns a draft (an object with ``path()`` and
         ``source``, or a plain token list) of at most ``k`` tokens continuing
-        ``context`` (prompt + generated so far). ``on_step(draft, accepted)``
-        is called after each verified draft, e.g. ``drafter.observe``.
+        ``context`` (prompt + generated so far). ``on_step(draft, accepted, new)``
+        is called after each step that asked for a draft (even an empty one), with
+        ``new`` the accepted tokens and the verifier's own next token, e.g.
+        ``drafter.observe``.
         """
         params = params or GenerateParams()
         params.validate()
@@ -684,7 +688,7 @@ class Verifier:
             # without a draft is one token at the cost of one, and the drafter's
             # achieved rate (what each draft must beat) has to count it.
             if on_step is not None and draft_obj is not None:
-                on_step(draft_obj, accepted)
+                on_step(draft_obj, accepted, new)
 
             # --- finish conditions, token by token
             out: list[int] = []
