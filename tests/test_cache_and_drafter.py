@@ -113,6 +113,37 @@ def test_calibration_learns_from_feedback() -> None:
     assert drafter.achieved_rate < 1.0
 
 
+def test_the_verifiers_next_token_judges_the_first_declined_token() -> None:
+    cache = _long_confident_cache()
+    steep = CostProfile.from_mapping({"1": 1.0, "2": 3.0, "32": 90.0})
+    drafter = Drafter(cache, DraftConfig(max_spec_offset=32), steep)
+    ctx = list(range(100, 120))
+    full = Drafter(cache, DraftConfig(max_spec_offset=32), CostProfile.flat()).propose(
+        "ns", None, ctx
+    )
+    draft = drafter.propose("ns", None, ctx)
+    n = len(draft)
+    assert n < len(full) and draft.declined is not None
+    assert draft.declined[0] == full.tokens[n]  # the candidate right after the cut
+    truth = full.tokens
+    # accepted whole, next token known: the declined token is judged too
+    t0 = drafter.calibrator.trials
+    drafter.observe(draft, n, truth[: n + 1])
+    assert drafter.calibrator.trials == t0 + n + 1
+    # without the next token, or when the draft was not accepted whole, it is not
+    drafter.observe(draft, n, truth[:n])
+    assert drafter.calibrator.trials == t0 + 2 * n + 1
+    if n:
+        drafter.observe(draft, n - 1, truth[: n - 1] + [truth[n - 1] + 1])
+        assert drafter.calibrator.trials == t0 + 3 * n + 1
+    # a declined token the response did not continue with counts as a miss: repeated,
+    # the estimate for drafting past the cut falls and drafts get shorter
+    for _ in range(200):
+        d = drafter.propose("ns", None, ctx)
+        drafter.observe(d, len(d), truth[: len(d)] + [-1])
+    assert len(drafter.propose("ns", None, ctx)) <= n
+
+
 def test_draft_acceptance_on_paths_and_trees() -> None:
     path = Draft([5, 6, 7], [-1, 0, 1], [0.9, 0.8, 0.7], ["global"] * 3, 3, 2.4)
     assert path.accepted_length([5, 6, 9]) == 2
