@@ -121,8 +121,10 @@ class CutProbe(SuffixSource):
         self.inside, self.cut = _Tally(), _Tally()
 
     def propose(self, key: str, context: list[int], max_tokens: int) -> Any:
+        # A propose that finds no candidate never calls choose: no stale estimates then.
+        self.recorder.last = ([], [])
         draft = super().propose(key, context, max_tokens)
-        cum, candidate = self.recorder.last if draft.match_len else ([], [])
+        cum, candidate = self.recorder.last
         return _Probe(draft, candidate, cum, self)
 
     def observe(self, draft: Any, accepted: int, accepted_tokens: Sequence[int]) -> None:

@@ -193,18 +193,25 @@ def render_table(report: Mapping[str, Any]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def _optional_call(client: Any, method: Any, request: Any) -> Any:
+    """``client.call(method, request)``, or None from a daemon without that service."""
+    try:
+        return client.call(method, request)
+    except SuffixdError as exc:
+        if exc.code == grpc.StatusCode.UNIMPLEMENTED:
+            return None
+        raise
+
+
 def _corpus_file_counts(client: Any, names: list[str]) -> dict[str, int] | None:
     from suffixd.v1 import corpus_pb2, corpus_pb2_grpc
 
     stub = client.stub_for(corpus_pb2_grpc.CorpusStub)
     counts = {}
     for ns in names:
-        try:
-            resp = client.call(stub.ListFiles, corpus_pb2.ListFilesRequest(namespace=ns))
-        except SuffixdError as exc:
-            if exc.code == grpc.StatusCode.UNIMPLEMENTED:  # a daemon without the service
-                return None
-            raise
+        resp = _optional_call(client, stub.ListFiles, corpus_pb2.ListFilesRequest(namespace=ns))
+        if resp is None:
+            return None
         counts[ns] = sum(1 for f in resp.files if f.complete)
     return counts
 
@@ -213,12 +220,9 @@ def _generator_status(client: Any) -> dict[str, Any] | None:
     from suffixd.v1 import generate_pb2, generate_pb2_grpc
 
     stub = client.stub_for(generate_pb2_grpc.GeneratorStub)
-    try:
-        r = client.call(stub.GeneratorStatus, generate_pb2.GeneratorStatusRequest())
-    except SuffixdError as exc:
-        if exc.code == grpc.StatusCode.UNIMPLEMENTED:  # a daemon without the service
-            return None
-        raise
+    r = _optional_call(client, stub.GeneratorStatus, generate_pb2.GeneratorStatusRequest())
+    if r is None:
+        return None
     return {
         "loaded": r.loaded,
         "model": r.model or "none",

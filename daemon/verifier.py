@@ -866,16 +866,7 @@ class Verifier:
         the recorded batch evaluated in chunks of ``chunk`` tokens on a scratch slot, then
         the recorded batch itself. Different chunkings of the same tokens compute the KV
         cache with different batch shapes, which moves later logits on this CPU."""
-        if gap.pos0 < 0 or not gap.batch or not 0 <= gap.row < len(gap.batch):
-            raise ValueError("this gap record has no batch shape (record_gaps=True runs do)")
-        if chunk < 1:
-            raise ValueError("chunk must be >= 1")
-        ctx = list(context)
-        if ctx[gap.pos0 :] != list(gap.batch[: gap.row + 1]):
-            raise ValueError("context does not end with the recorded batch")
-        with self._scratch(ctx[: gap.pos0], chunk, len(gap.batch)) as seq_id, self._turns:
-            self._decode(seq_id, gap.batch, gap.pos0, all_logits=True)
-            return int(np.argmax(self._logits_view(gap.row)))
+        return self.replayed_choice(context, (), gap, chunk)
 
     def replayed_choice(
         self, context: Sequence[int], steps: Sequence[TokenGap], gap: TokenGap, chunk: int
@@ -884,9 +875,14 @@ class Verifier:
         run built it: ``context`` up to the run's first recorded batch in chunks of
         ``chunk`` tokens, then every batch the run evaluated before ``gap``'s (``steps``:
         its gap records, one or more per batch, in order), each rolled back to what the
-        run kept, then ``gap``'s own batch."""
-        if gap.pos0 < 0 or not gap.batch:
+        run kept, then ``gap``'s own batch. Without ``steps``, a fresh evaluation."""
+        if gap.pos0 < 0 or not gap.batch or not 0 <= gap.row < len(gap.batch):
             raise ValueError("this gap record has no batch shape (record_gaps=True runs do)")
+        if chunk < 1:
+            raise ValueError("chunk must be >= 1")
+        ctx = list(context)
+        if ctx[gap.pos0 :] != list(gap.batch[: gap.row + 1]):
+            raise ValueError("context does not end with the recorded batch")
         batches: list[tuple[int, tuple[int, ...]]] = []
         for g in steps:
             if g.pos0 < 0 or not g.batch:
@@ -896,11 +892,9 @@ class Verifier:
             if not batches or batches[-1][0] != g.pos0:
                 batches.append((g.pos0, g.batch))
         start = batches[0][0] if batches else gap.pos0
-        ctx = list(context)
-        if ctx[gap.pos0 :] != list(gap.batch[: gap.row + 1]):
-            raise ValueError("context does not end with the recorded batch")
         room = max(p + len(b) for p, b in [*batches, (gap.pos0, gap.batch)]) - start
         with self._scratch(ctx[:start], chunk, room) as seq_id:
+            # each batch keeps what the run kept: the positions before the next batch
             ends = [p for p, _ in batches[1:]] + [gap.pos0] * bool(batches)
             for (pos0, batch), keep in zip(batches, ends, strict=True):
                 with self._turns:
