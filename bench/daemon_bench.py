@@ -4,6 +4,7 @@
     python bench/daemon_bench.py rpc --mode unary --mode stream --mode stream-deferred
     python bench/daemon_bench.py loop --clients 8 --steps 500 --mode stream
     python bench/daemon_bench.py loop --clients 16 --seconds 30 --procs 2 --async --mode stream
+    python bench/daemon_bench.py loop --clients 16 --seconds 30 --procs 2 --async --rate 3000
     python bench/daemon_bench.py restart --tokens 5000000
     python bench/daemon_bench.py crash --rounds 3
 
@@ -31,6 +32,17 @@ message, one Speculate carrying the append, or Speculate + Append), and the clie
 the daemon's CPU time per step. No prompts, no session churn. Clients are threads in
 ``--procs`` processes (default 1), or with ``--async`` AsyncClient tasks on one event loop
 per process (the client side of a 2-core machine shares the cores with the daemon).
+
+That is a closed loop: 16 clients with no think time keep 16 steps in flight, so at X
+steps/s their mean latency is 16/X (Little's law): it measures capacity, and its latency
+is tied to it. ``--rate R`` runs an open loop instead: the aggregate R steps/s spread
+evenly over the clients (``--poisson``: Poisson arrivals), each client sending its steps
+when they are due whatever the daemon does, one at a time on its stream (a verifier
+cannot send a step before the previous draft came back), so a client whose previous reply
+is late sends at once. Latency counts from the due time, so a stalled daemon shows in the
+percentiles instead of in fewer samples (no coordinated omission); also reported: the
+achieved rate, the service time (send to reply), how late the sends were against their
+schedule, and the steps still unsent when the schedule ended plus a grace period.
 
 ``--keep-session``: each client keeps one session for the whole run (an agent's
 conversation: per turn append the prompt, decode the response) instead of opening and
@@ -331,41 +343,105 @@ def _bench_rpc_mode(clients: int, seconds: float, procs: int,
 
 
 # ----------------------------------------------------------------------------- loop
+class _Schedule:
+    """When a client sends its steps. Closed loop (``period`` None): each step as soon as
+    the previous reply came. Open loop: step k is due at ``phase + k * period`` after the
+    common start (or at Poisson arrivals of that mean rate), whatever the replies do; a
+    client whose previous reply is late sends at once, and the step's latency counts from
+    when it was due, so a stalled daemon shows as latency instead of as fewer samples
+    (no coordinated omission, as in wrk2)."""
+
+    def __init__(self, period: float | None, phase: float, poisson: bool, seed: int) -> None:
+        self.period = period
+        self.phase = phase
+        self.rng = random.Random(seed) if poisson else None
+
+    def due(self, k: int, prev: float) -> float:
+        """Seconds after the start at which step k is due (``prev``: step k-1's)."""
+        assert self.period is not None
+        if self.rng is not None:
+            return (self.phase if k == 0 else prev) + self.rng.expovariate(1.0 / self.period)
+        return self.phase + k * self.period
+
+
+class _Rec:
+    """One client's samples: latency from the due time (open loop) or the send (closed),
+    the service time (send to reply), the send's lag behind its due time, unsent steps."""
+
+    __slots__ = ("lat", "svc", "lag", "unsent")
+
+    def __init__(self) -> None:
+        self.lat: list[float] = []
+        self.svc: list[float] = []
+        self.lag: list[float] = []
+        self.unsent = 0
+
+
 def _loop_sync(target: str, i: int, steps: float, mode: str, start_at: float, end: float,
-               lat: list[float]) -> None:
+               rec: _Rec, sched: _Schedule) -> None:
     from suffixd.client import Client
 
     c = Client(target, retries=0)
     base = list(range(1000, 1064))
     sid = c.open_session("loop", f"l{mode}{i}", tokens=base).session_id
-    pc = time.perf_counter
-    j = 0
+    st = None
     if mode.startswith("stream"):
-        with c.stepper("loop", sid, max_tokens=16,
-                       defer_commit=mode == "stream-deferred") as st:
-            st.step()
-            _wait_until(start_at)
-            while j < steps and time.time() < end:
-                t = pc()
-                st.step([base[j % 64]])
-                lat.append(pc() - t)
-                j += 1
-    else:
-        _wait_until(start_at)
+        st = c.stepper("loop", sid, max_tokens=16, defer_commit=mode == "stream-deferred")
+        st.step()
+
+    def one(j: int) -> None:
+        if st is not None:
+            st.step([base[j % 64]])
+        elif mode == "step":
+            c.step("loop", sid, [base[j % 64]], 16)
+        else:
+            c.speculate("loop", sid, None, 16)
+            c.append("loop", sid, [base[j % 64]], kind="generated")
+
+    pc = time.perf_counter
+    _wait_until(start_at)
+    t0 = pc() - (time.time() - start_at)  # the common start on this clock
+    j = 0
+    if sched.period is None:
         while j < steps and time.time() < end:
             t = pc()
-            if mode == "step":
-                c.step("loop", sid, [base[j % 64]], 16)
-            else:
-                c.speculate("loop", sid, None, 16)
-                c.append("loop", sid, [base[j % 64]], kind="generated")
-            lat.append(pc() - t)
+            one(j)
+            rec.lat.append(pc() - t)
             j += 1
+    else:
+        stop = t0 + (end - start_at)
+        hard = stop + _open_loop_grace(end - start_at)
+        due = t0 + sched.due(0, 0.0)
+        while due < stop:
+            now = pc()
+            if now >= hard:  # hopelessly behind: the rest of the schedule is unsent
+                while due < stop:
+                    rec.unsent += 1
+                    j += 1
+                    due = t0 + sched.due(j, due - t0)
+                break
+            if due > now:
+                time.sleep(due - now)
+            t = pc()
+            one(j)
+            done = pc()
+            rec.lat.append(done - due)
+            rec.svc.append(done - t)
+            rec.lag.append(t - due)
+            j += 1
+            due = t0 + sched.due(j, due - t0)
+    if st is not None:
+        st.close()
     c.close()
 
 
+def _open_loop_grace(seconds: float) -> float:
+    """How long past the schedule's end a lagging client may still send its due steps."""
+    return max(2.0, 0.1 * seconds)
+
+
 async def _loop_async(target: str, i: int, steps: float, mode: str, start_at: float,
-                      end: float, lat: list[float]) -> None:
+                      end: float, rec: _Rec, sched: _Schedule) -> None:
     import asyncio
 
     from suffixd.client import AsyncClient
@@ -373,28 +449,56 @@ async def _loop_async(target: str, i: int, steps: float, mode: str, start_at: fl
     c = AsyncClient(target, retries=0)
     base = list(range(1000, 1064))
     sid = (await c.open_session("loop", f"l{mode}{i}", tokens=base)).session_id
-    pc = time.perf_counter
-    j = 0
-    await asyncio.sleep(max(0.0, start_at - time.time()))
+    st = None
     if mode.startswith("stream"):
-        async with c.stepper("loop", sid, max_tokens=16,
-                             defer_commit=mode == "stream-deferred") as st:
-            await st.step()
-            while j < steps and time.time() < end:
-                t = pc()
-                await st.step([base[j % 64]])
-                lat.append(pc() - t)
-                j += 1
-    else:
+        st = c.stepper("loop", sid, max_tokens=16, defer_commit=mode == "stream-deferred")
+        await st.step()
+
+    async def one(j: int) -> None:
+        if st is not None:
+            await st.step([base[j % 64]])
+        elif mode == "step":
+            await c.step("loop", sid, [base[j % 64]], 16)
+        else:
+            await c.speculate("loop", sid, None, 16)
+            await c.append("loop", sid, [base[j % 64]], kind="generated")
+
+    pc = time.perf_counter
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    t0 = pc() - (time.time() - start_at)
+    j = 0
+    if sched.period is None:
         while j < steps and time.time() < end:
             t = pc()
-            if mode == "step":
-                await c.step("loop", sid, [base[j % 64]], 16)
-            else:
-                await c.speculate("loop", sid, None, 16)
-                await c.append("loop", sid, [base[j % 64]], kind="generated")
-            lat.append(pc() - t)
+            await one(j)
+            rec.lat.append(pc() - t)
             j += 1
+    else:
+        stop = t0 + (end - start_at)
+        hard = stop + _open_loop_grace(end - start_at)
+        due = t0 + sched.due(0, 0.0)
+        while due < stop:
+            now = pc()
+            if now >= hard:
+                while due < stop:
+                    rec.unsent += 1
+                    j += 1
+                    due = t0 + sched.due(j, due - t0)
+                break
+            if due > now:
+                # asyncio rounds a sleep up to the next millisecond (epoll's resolution):
+                # such lateness shows in ``lag`` and counts in the latency from the due time.
+                await asyncio.sleep(due - now)
+            t = pc()
+            await one(j)
+            done = pc()
+            rec.lat.append(done - due)
+            rec.svc.append(done - t)
+            rec.lag.append(t - due)
+            j += 1
+            due = t0 + sched.due(j, due - t0)
+    if st is not None:
+        await st.close()
     await c.close()
 
 
@@ -403,33 +507,43 @@ def _wait_until(t: float) -> None:
         time.sleep(0.001)
 
 
-def _loop_proc(args: tuple[str, int, int, float, str, float, float, bool]) -> dict[str, Any]:
+def _loop_proc(args: tuple[str, int, int, float, str, float, float, bool, float, int, bool]
+               ) -> dict[str, Any]:
     """One client process: ``n`` clients (threads, or asyncio tasks on one loop)."""
-    target, first, n, steps, mode, start_at, end, use_async = args
-    lats: list[list[float]] = [[] for _ in range(n)]
+    target, first, n, steps, mode, start_at, end, use_async, rate, clients, poisson = args
+    recs = [_Rec() for _ in range(n)]
+    # Open loop: the aggregate rate spread evenly over all clients, their phases staggered
+    # so that the daemon sees evenly spaced arrivals (or independent Poisson streams).
+    period = clients / rate if rate else None
+    scheds = [_Schedule(period, (first + k) * (period or 0.0) / clients, poisson, first + k)
+              for k in range(n)]
     c0 = time.process_time()
     if use_async:
         import asyncio
 
         async def all_clients() -> None:
             await asyncio.gather(*(_loop_async(target, first + k, steps, mode, start_at, end,
-                                               lats[k]) for k in range(n)))
+                                               recs[k], scheds[k]) for k in range(n)))
 
         asyncio.run(all_clients())
     else:
         threads = [threading.Thread(target=_loop_sync, args=(target, first + k, steps, mode,
-                                                             start_at, end, lats[k]))
+                                                             start_at, end, recs[k], scheds[k]))
                    for k in range(n)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-    return {"lat": [x for lat in lats for x in lat], "cpu_s": time.process_time() - c0,
-            "done": time.time()}
+    return {"lat": [x for r in recs for x in r.lat], "svc": [x for r in recs for x in r.svc],
+            "lag": [x for r in recs for x in r.lag], "unsent": sum(r.unsent for r in recs),
+            "cpu_s": time.process_time() - c0, "done": time.time()}
 
 
 def bench_loop(clients: int, steps: int, modes: list[str], extra: list[str],
-               seconds: float = 0.0, procs: int = 1, use_async: bool = False) -> None:
+               seconds: float = 0.0, procs: int = 1, use_async: bool = False,
+               rate: float = 0.0, poisson: bool = False) -> None:
+    if rate and not seconds:
+        raise SystemExit("--rate needs --seconds (the schedule's length)")
     for mode in modes:
         load_before = os.getloadavg()[0]
         per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
@@ -444,7 +558,8 @@ def bench_loop(clients: int, steps: int, modes: list[str], extra: list[str],
                 with ctx.Pool(procs) as pool:
                     s0 = None
                     res = pool.map_async(_loop_proc, [
-                        (target, sum(per[:k]), per[k], n_steps, mode, start_at, end, use_async)
+                        (target, sum(per[:k]), per[k], n_steps, mode, start_at, end, use_async,
+                         rate, clients, poisson)
                         for k in range(procs)])
                     while time.time() < start_at:
                         time.sleep(0.001)
@@ -458,16 +573,36 @@ def bench_loop(clients: int, steps: int, modes: list[str], extra: list[str],
         n = len(lat)
         # Client CPU includes start-up (imports, channels): a slight over-estimate per step.
         client = sum(p["cpu_s"] for p in parts)
-        print(json.dumps({
+        out: dict[str, Any] = {
             "bench": "loop", "mode": mode, "clients": clients, "client_procs": procs,
             "client": "async" if use_async else "threads",
+            "loop": "open" if rate else "closed",
             "steps": n, "seconds": round(wall, 2), "load_before": load_before,
             "steps_s": round(n / wall),
             "step_ms_p50": round(pct(lat, 0.5), 3), "step_ms_p99": round(pct(lat, 0.99), 3),
+            "step_ms_p999": round(pct(lat, 0.999), 3),
             "step_ms_mean": round(statistics.fmean(lat) * 1000, 3) if lat else None,
             "server_cpu_us_per_step": round(server / max(1, n) * 1e6, 1),
             "client_cpu_us_per_step": round(client / max(1, n) * 1e6, 1),
-        }), flush=True)
+        }
+        if rate:
+            # The step_ms_* figures count from each step's due time; "service" from its
+            # actual send; "lag" is how late the sends were against the schedule.
+            svc = [x for p in parts for x in p["svc"]]
+            lag = [x for p in parts for x in p["lag"]]
+            unsent = sum(p["unsent"] for p in parts)
+            out.update({
+                "target_steps_s": rate, "arrivals": "poisson" if poisson else "uniform",
+                "achieved_steps_s": round(n / seconds),
+                "unsent": unsent,
+                "service_ms_p50": round(pct(svc, 0.5), 3),
+                "service_ms_p99": round(pct(svc, 0.99), 3),
+                "lag_ms_p50": round(pct(lag, 0.5), 3), "lag_ms_p99": round(pct(lag, 0.99), 3),
+                "lag_ms_max": round(max(lag) * 1000, 3) if lag else None,
+                "late_over_1ms": round(sum(1 for x in lag if x > 1e-3) / max(1, len(lag)), 4),
+                "finished_after_s": round(wall - seconds, 3),
+            })
+        print(json.dumps(out), flush=True)
 
 
 # ----------------------------------------------------------------------------- restart
@@ -630,6 +765,12 @@ def main() -> None:
     lp.add_argument("--mode", action="append", default=[],
                     choices=["unary", "step", "stream", "stream-deferred"])
     lp.add_argument("--serve-arg", action="append", default=[], help="extra `serve` argument")
+    lp.add_argument("--rate", type=float, default=0.0,
+                    help="open loop: aggregate steps/s, spread over the clients, each sending "
+                    "on its own schedule; latency counts from each step's due time "
+                    "(needs --seconds)")
+    lp.add_argument("--poisson", action="store_true",
+                    help="with --rate: Poisson arrivals per client instead of evenly spaced")
     s = sub.add_parser("restart")
     s.add_argument("--tokens", type=int, default=5_000_000)
     s.add_argument("--batch-tokens", type=int, default=65536)
@@ -643,7 +784,7 @@ def main() -> None:
         bench_rpc(a.clients, a.seconds, a.procs, a.turns, a.serve_arg, modes, a.prompt_tokens)
     elif a.cmd == "loop":
         bench_loop(a.clients, a.steps, a.mode or ["unary", "step", "stream", "stream-deferred"],
-                   a.serve_arg, a.seconds, a.procs, a.use_async)
+                   a.serve_arg, a.seconds, a.procs, a.use_async, a.rate, a.poisson)
     elif a.cmd == "restart":
         bench_restart(a.tokens, a.batch_tokens)
     else:
