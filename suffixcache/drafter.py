@@ -96,10 +96,13 @@ class Draft:
     # corpus document a corpus draft came from; None for an empty draft
     seq_id: int | None = None
     last_token: int = field(default=-1, repr=False)  # the context's last token when drafted
-    # The first candidate token the length rule declined, (token, raw P(token | parent),
-    # support, source id), for a path draft cut short; None otherwise. When the whole
-    # draft is accepted, the verifier's own next token says whether it would have been.
-    declined: tuple[int, float, int, int] | None = field(default=None, repr=False)
+    # The candidate tokens the length rule declined, each (token, raw P(token | parent),
+    # support, source id), for a path draft cut short; empty otherwise. When the whole
+    # draft is accepted, the tokens that follow say whether they would have been.
+    declined: tuple[tuple[int, float, int, int], ...] = field(default=(), repr=False)
+    # the context's tail the draft was matched against: says whether a later step of
+    # the same session continues this one (the text after the cut is then known)
+    context_tail: tuple[int, ...] = field(default=(), repr=False)
 
     @property
     def source(self) -> str:
@@ -173,6 +176,8 @@ class Drafter:
         self._rate_cost = RATE_PRIOR
         # (namespace, session) -> tokens accepted at its previous step (-1: no draft)
         self._prev: OrderedDict[tuple[str, str], int] = OrderedDict()
+        # per session: drafts accepted whole whose declined tail awaits judgement
+        self._held: OrderedDict[tuple[str, str], list[_Held]] = OrderedDict()
         self._lock = threading.Lock()
 
     def set_cost_profile(self, profile: CostProfile) -> None:
@@ -216,8 +221,9 @@ class Drafter:
             )
         match_len = max(raw["match_lens"], default=0)
         tokens: list[int] = raw["tokens"]
+        key = (namespace, session_id) if session_id is not None else None
         if not tokens:
-            return Draft([], [], [], [], match_len, 0.0)
+            return Draft([], [], [], [], match_len, 0.0, key=key, context_tail=tuple(tail))
         parents: list[int] = raw["parents"]
         raw_probs: list[float] = raw["probs"]
         supports: list[int] = raw["counts"]
@@ -227,7 +233,6 @@ class Drafter:
             for p, parent in zip(raw_probs, parents, strict=True)
         ]
         last_token = int(tail[-1])
-        key = (namespace, session_id) if session_id is not None else None
         prev = self._prev.get(key, -1) if key is not None else -1
         if cfg.calibrate:
             probs, keep = self.calibrator.choose(
@@ -247,9 +252,11 @@ class Drafter:
             probs, keep = list(raw_probs), len(tokens)
             if cfg.cost_aware:
                 keep = self._best_prefix(probs)
-        declined = None
+        declined: tuple[tuple[int, float, int, int], ...] = ()
         if keep < len(tokens) and not cfg.use_tree:
-            declined = (tokens[keep], conds[keep], supports[keep], source_ids[keep])
+            declined = tuple(
+                zip(tokens[keep:], conds[keep:], supports[keep:], source_ids[keep:], strict=True)
+            )
         return Draft(
             tokens[:keep],
             parents[:keep],
@@ -264,6 +271,7 @@ class Drafter:
             raw["seq_ids"][0] if keep else None,
             last_token,
             declined,
+            tuple(tail),
         )
 
     def _best_prefix(self, probs: Sequence[float]) -> int:
@@ -297,11 +305,13 @@ class Drafter:
 
         ``accepted_tokens``: the tokens that followed the context, the accepted ones
         and, best, the verifier's own next token after them. For a tree draft they
-        locate the accepted branch. After a draft accepted whole, that next token
-        also says whether the first token the length rule declined would have been
-        accepted: without that evidence the calibrator never sees the tokens just
-        past its cut, and overrates them (0.47 estimated vs 0.37 accepted on
-        spider_dev, bench/policy_cut.py).
+        locate the accepted branch. After a draft accepted whole, the tokens past it
+        also say whether the candidates the length rule declined would have been
+        accepted: without that evidence the calibrator never sees the tokens past
+        its cut and overrates them (0.47 estimated vs 0.37 accepted on spider_dev,
+        bench/policy_cut.py). The verifier's next token judges the first of them at
+        once; the draft is held for the rest until the session's next steps, whose
+        tokens continue the same text, have judged them.
         """
         n = len(draft.tokens)
         step_cost = self._cost[n + 1] if n + 1 < len(self._cost) else self.cost_profile.cost(n + 1)
@@ -309,31 +319,69 @@ class Drafter:
             # exponentially forgotten sums: the rate follows the workload
             self._rate_tokens = self._rate_tokens * RATE_DECAY + accepted + 1
             self._rate_cost = self._rate_cost * RATE_DECAY + step_cost
+            held: list[_Held] = []
             if draft.key is not None:
-                self._prev[draft.key] = accepted if n else -1
-                self._prev.move_to_end(draft.key)
-                if len(self._prev) > MAX_TRACKED_SESSIONS:
-                    self._prev.popitem(last=False)
-        probe = draft.declined
-        if accepted < n or accepted_tokens is None or len(accepted_tokens) <= n:
-            probe = None
-        if not (n or probe) or not self.config.calibrate:
+                if n or draft.declined:  # a step without candidates leaves it as it was
+                    self._prev[draft.key] = accepted if n else -1
+                    self._prev.move_to_end(draft.key)
+                    if len(self._prev) > MAX_TRACKED_SESSIONS:
+                        self._prev.popitem(last=False)
+                held = self._held.pop(draft.key, [])
+        if not self.config.calibrate:
             return
+        still_held: list[_Held] = []
+        for h in held:
+            # the session's text goes on from where the held draft's known text ends,
+            # unless this step's context does not end with it (a new turn)
+            text, tail = h.text, draft.context_tail
+            m = min(len(text), len(tail))
+            if accepted_tokens is not None and m and list(tail[-m:]) == text[-m:]:
+                text.extend(accepted_tokens)
+                if not _judged(h.draft.declined, text[len(h.draft.tokens) :])[1]:
+                    still_held.append(h)
+                    continue
+            self._learn(h.draft, len(h.draft.tokens), text)
+        if n or draft.declined:
+            past = accepted_tokens[n:] if accepted_tokens is not None else []
+            if (
+                draft.key is not None  # a later step of the same session can go on judging it
+                and accepted == n
+                and draft.declined
+                and past
+                and not _judged(draft.declined, past)[1]
+            ):
+                still_held.append(_Held(draft, list(accepted_tokens or [])))
+            else:
+                self._learn(draft, accepted, accepted_tokens)
+        if still_held and draft.key is not None:
+            with self._lock:
+                self._held[draft.key] = still_held
+                if len(self._held) > MAX_TRACKED_SESSIONS:
+                    self._held.popitem(last=False)
+
+    def _learn(self, draft: Draft, n_accepted: int, truth: Sequence[int] | None = None) -> None:
+        """Teaches the calibrator a judged draft: its tokens and, after a draft accepted
+        whole, its declined candidates as far as ``truth`` (the text that followed the
+        context) judges them."""
+        n = len(draft.tokens)
         if draft.is_path():
-            hits = [i < accepted for i in range(n)]
+            hits = [i < n_accepted for i in range(n)]
         else:
-            hits = _on_path(draft, accepted_tokens or [])
+            hits = _on_path(draft, truth or [])
         conds, supports, parents = list(draft.conds), list(draft.supports), list(draft.parents)
         sources = [SOURCE_IDS[s] for s in draft.sources]
         tokens = list(draft.tokens)
-        if probe is not None:
-            token, cond, support, source = probe
-            tokens.append(token)
-            conds.append(cond)
-            supports.append(support)
-            sources.append(source)
-            parents.append(n - 1)
-            hits.append(accepted_tokens[n] == token)
+        if n_accepted == n and truth is not None and len(truth) > n:
+            past_hits = _judged(draft.declined, truth[n:])[0]
+            for i, (token, cond, support, source) in enumerate(draft.declined[: len(past_hits)]):
+                tokens.append(token)
+                conds.append(cond)
+                supports.append(support)
+                sources.append(source)
+                parents.append(n + i - 1)
+            hits.extend(past_hits)
+        if not tokens:
+            return
         self.calibrator.observe(
             conds,
             supports,
@@ -349,6 +397,28 @@ class Drafter:
     def forget_session(self, namespace: str, session_id: str) -> None:
         with self._lock:
             self._prev.pop((namespace, session_id), None)
+            self._held.pop((namespace, session_id), None)
+
+
+@dataclass
+class _Held:
+    """A draft accepted whole whose declined candidates await the text that follows."""
+
+    draft: Draft
+    text: list[int]  # the session's text after the draft's context, as far as known
+
+
+def _judged(
+    declined: Sequence[tuple[int, float, int, int]], text: Sequence[int]
+) -> tuple[list[bool], bool]:
+    """How ``text`` judges the declined candidates (up to the first miss), and whether
+    it judged all it ever will (a miss, or every candidate)."""
+    hits: list[bool] = []
+    for (token, *_), truth in zip(declined, text, strict=False):
+        hits.append(token == truth)
+        if token != truth:
+            return hits, True
+    return hits, len(hits) == len(declined)
 
 
 def _on_path(draft: Draft, truth: Sequence[int]) -> list[bool]:

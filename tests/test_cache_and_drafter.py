@@ -123,8 +123,9 @@ def test_the_verifiers_next_token_judges_the_first_declined_token() -> None:
     )
     draft = drafter.propose("ns", None, ctx)
     n = len(draft)
-    assert n < len(full) and draft.declined is not None
-    assert draft.declined[0] == full.tokens[n]  # the candidate right after the cut
+    assert n < len(full) and draft.declined
+    # the candidates after the cut, in order
+    assert [c[0] for c in draft.declined] == full.tokens[n:]
     truth = full.tokens
     # accepted whole, next token known: the declined token is judged too
     t0 = drafter.calibrator.trials
@@ -142,6 +143,45 @@ def test_the_verifiers_next_token_judges_the_first_declined_token() -> None:
         d = drafter.propose("ns", None, ctx)
         drafter.observe(d, len(d), truth[: len(d)] + [-1])
     assert len(drafter.propose("ns", None, ctx)) <= n
+
+
+def test_a_sessions_next_steps_judge_the_rest_of_a_declined_tail() -> None:
+    cache = _long_confident_cache()
+    for session in ("s", "s2", "s3"):
+        cache.open_session("ns", session)
+    steep = CostProfile.from_mapping({"1": 1.0, "2": 3.0, "32": 90.0})
+    drafter = Drafter(cache, DraftConfig(max_spec_offset=32), steep)
+    ctx = list(range(100, 120))
+    truth = list(range(120, 140))  # what the response goes on with
+    draft = drafter.propose("ns", "s", ctx)
+    n = len(draft)
+    assert len(draft.declined) >= 3 and draft.declined[1][0] == truth[n + 1]
+    t0 = drafter.calibrator.trials
+    # accepted whole, and the next token matches the first declined candidate: the
+    # draft waits for the session's next step to judge the second one
+    drafter.observe(draft, n, truth[: n + 1])
+    assert drafter.calibrator.trials == t0
+    # the next step continues the same text with a token the second candidate is not:
+    # the held draft learns its n tokens, a hit and a miss; the step itself, one miss
+    ctx2 = ctx + truth[: n + 1]
+    step2 = drafter.propose("ns", "s", ctx2)
+    assert step2.tokens or step2.declined
+    drafter.observe(step2, 0, [-1])
+    assert drafter.calibrator.trials == t0 + n + 2 + 1
+    # a session whose next step does not continue the text (a new turn): the held
+    # draft learns what was known when it was held, nothing more
+    t1 = drafter.calibrator.trials
+    other = drafter.propose("ns", "s2", ctx)
+    drafter.observe(other, n, truth[: n + 1])
+    assert drafter.calibrator.trials == t1
+    unrelated = drafter.propose("ns", "s2", [7, 8, 9])
+    assert not unrelated.tokens and not unrelated.declined
+    drafter.observe(unrelated, 0, [5])
+    assert drafter.calibrator.trials == t1 + n + 1
+    # forgetting a session drops what it held
+    drafter.observe(drafter.propose("ns", "s3", ctx), n, truth[: n + 1])
+    drafter.forget_session("ns", "s3")
+    assert not drafter._held
 
 
 def test_draft_acceptance_on_paths_and_trees() -> None:
