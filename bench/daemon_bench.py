@@ -63,6 +63,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -368,17 +369,24 @@ class _Rec:
     """One client's samples: latency from the due time (open loop) or the send (closed),
     the service time (send to reply), the send's lag behind its due time, unsent steps."""
 
-    __slots__ = ("lat", "svc", "lag", "unsent")
+    __slots__ = ("lat", "svc", "lag", "due", "unsent")
 
     def __init__(self) -> None:
+        self.due: list[float] = []  # open loop: each step's due time, seconds after start
         self.lat: list[float] = []
         self.svc: list[float] = []
         self.lag: list[float] = []
         self.unsent = 0
 
+    def record(self, due: float, lat: float, svc: float, lag: float) -> None:
+        self.due.append(due)
+        self.lat.append(lat)
+        self.svc.append(svc)
+        self.lag.append(lag)
 
-def _loop_sync(target: str, i: int, steps: float, mode: str, start_at: float, end: float,
-               rec: _Rec, sched: _Schedule) -> None:
+
+def _loop_sync(target: str, i: int, steps: float, mode: str, seconds: float, rec: _Rec,
+               sched: _Schedule, ready: Callable[[], float]) -> None:
     from suffixd.client import Client
 
     c = Client(target, retries=0)
@@ -398,19 +406,20 @@ def _loop_sync(target: str, i: int, steps: float, mode: str, start_at: float, en
             c.speculate("loop", sid, None, 16)
             c.append("loop", sid, [base[j % 64]], kind="generated")
 
+    start_at = ready()
     pc = time.perf_counter
     _wait_until(start_at)
     t0 = pc() - (time.time() - start_at)  # the common start on this clock
+    stop = t0 + seconds if seconds else float("inf")
     j = 0
     if sched.period is None:
-        while j < steps and time.time() < end:
+        while j < steps and pc() < stop:
             t = pc()
             one(j)
             rec.lat.append(pc() - t)
             j += 1
     else:
-        stop = t0 + (end - start_at)
-        hard = stop + _open_loop_grace(end - start_at)
+        hard = stop + _open_loop_grace(seconds)
         due = t0 + sched.due(0, 0.0)
         while due < stop:
             now = pc()
@@ -425,9 +434,7 @@ def _loop_sync(target: str, i: int, steps: float, mode: str, start_at: float, en
             t = pc()
             one(j)
             done = pc()
-            rec.lat.append(done - due)
-            rec.svc.append(done - t)
-            rec.lag.append(t - due)
+            rec.record(due - t0, done - due, done - t, t - due)
             j += 1
             due = t0 + sched.due(j, due - t0)
     if st is not None:
@@ -440,8 +447,8 @@ def _open_loop_grace(seconds: float) -> float:
     return max(2.0, 0.1 * seconds)
 
 
-async def _loop_async(target: str, i: int, steps: float, mode: str, start_at: float,
-                      end: float, rec: _Rec, sched: _Schedule) -> None:
+async def _loop_async(target: str, i: int, steps: float, mode: str, seconds: float, rec: _Rec,
+                      sched: _Schedule, ready: Callable[[], Awaitable[float]]) -> None:
     import asyncio
 
     from suffixd.client import AsyncClient
@@ -463,19 +470,20 @@ async def _loop_async(target: str, i: int, steps: float, mode: str, start_at: fl
             await c.speculate("loop", sid, None, 16)
             await c.append("loop", sid, [base[j % 64]], kind="generated")
 
+    start_at = await ready()
     pc = time.perf_counter
     await asyncio.sleep(max(0.0, start_at - time.time()))
     t0 = pc() - (time.time() - start_at)
+    stop = t0 + seconds if seconds else float("inf")
     j = 0
     if sched.period is None:
-        while j < steps and time.time() < end:
+        while j < steps and pc() < stop:
             t = pc()
             await one(j)
             rec.lat.append(pc() - t)
             j += 1
     else:
-        stop = t0 + (end - start_at)
-        hard = stop + _open_loop_grace(end - start_at)
+        hard = stop + _open_loop_grace(seconds)
         due = t0 + sched.due(0, 0.0)
         while due < stop:
             now = pc()
@@ -492,9 +500,7 @@ async def _loop_async(target: str, i: int, steps: float, mode: str, start_at: fl
             t = pc()
             await one(j)
             done = pc()
-            rec.lat.append(done - due)
-            rec.svc.append(done - t)
-            rec.lag.append(t - due)
+            rec.record(due - t0, done - due, done - t, t - due)
             j += 1
             due = t0 + sched.due(j, due - t0)
     if st is not None:
@@ -507,41 +513,92 @@ def _wait_until(t: float) -> None:
         time.sleep(0.001)
 
 
-def _loop_proc(args: tuple[str, int, int, float, str, float, float, bool, float, int, bool]
+def _signal_ready_and_wait(sync_dir: str, k: int) -> float:
+    """Client process ``k``: say that its clients have their sessions and streams open,
+    then wait for the common start time, which the parent writes once every process is
+    ready (a process still importing or connecting would otherwise start behind its
+    schedule, and an open loop would count its catching up as latency)."""
+    Path(sync_dir, f"ready.{k}").touch()
+    go = Path(sync_dir, "go")
+    while not go.exists():
+        time.sleep(0.002)
+    return float(go.read_text())
+
+
+def _start_when_ready(sync_dir: str, procs: int, timeout: float = 300.0) -> float:
+    """Parent: once every client process is ready, publish a start time shortly ahead."""
+    t_end = time.time() + timeout
+    while sum(1 for k in range(procs) if Path(sync_dir, f"ready.{k}").exists()) < procs:
+        if time.time() > t_end:
+            raise TimeoutError("the client processes did not get ready")
+        time.sleep(0.005)
+    start_at = time.time() + 0.3
+    tmp = Path(sync_dir, "go.tmp")
+    tmp.write_text(repr(start_at))
+    os.replace(tmp, Path(sync_dir, "go"))
+    return start_at
+
+
+def _loop_proc(args: tuple[str, int, int, int, float, str, float, bool, float, int, bool, str]
                ) -> dict[str, Any]:
-    """One client process: ``n`` clients (threads, or asyncio tasks on one loop)."""
-    target, first, n, steps, mode, start_at, end, use_async, rate, clients, poisson = args
+    """Client process ``k``: ``n`` clients (threads, or asyncio tasks on one loop)."""
+    (target, k, first, n, steps, mode, seconds, use_async, rate, clients, poisson,
+     sync_dir) = args
     recs = [_Rec() for _ in range(n)]
     # Open loop: the aggregate rate spread evenly over all clients, their phases staggered
     # so that the daemon sees evenly spaced arrivals (or independent Poisson streams).
     period = clients / rate if rate else None
-    scheds = [_Schedule(period, (first + k) * (period or 0.0) / clients, poisson, first + k)
-              for k in range(n)]
+    scheds = [_Schedule(period, (first + j) * (period or 0.0) / clients, poisson, first + j)
+              for j in range(n)]
     c0 = time.process_time()
     if use_async:
         import asyncio
 
         async def all_clients() -> None:
-            await asyncio.gather(*(_loop_async(target, first + k, steps, mode, start_at, end,
-                                               recs[k], scheds[k]) for k in range(n)))
+            waiting = 0
+            go = asyncio.Event()
+            start: list[float] = []
+
+            async def ready() -> float:
+                nonlocal waiting
+                waiting += 1
+                if waiting == n:
+                    start.append(await asyncio.to_thread(_signal_ready_and_wait, sync_dir, k))
+                    go.set()
+                await go.wait()
+                return start[0]
+
+            await asyncio.gather(*(_loop_async(target, first + j, steps, mode, seconds,
+                                               recs[j], scheds[j], ready) for j in range(n)))
 
         asyncio.run(all_clients())
     else:
-        threads = [threading.Thread(target=_loop_sync, args=(target, first + k, steps, mode,
-                                                             start_at, end, recs[k], scheds[k]))
-                   for k in range(n)]
+        start: list[float] = []
+        barrier = threading.Barrier(
+            n, action=lambda: start.append(_signal_ready_and_wait(sync_dir, k)))
+
+        def ready() -> float:
+            barrier.wait()
+            return start[0]
+
+        threads = [threading.Thread(target=_loop_sync, args=(target, first + j, steps, mode,
+                                                             seconds, recs[j], scheds[j], ready))
+                   for j in range(n)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
     return {"lat": [x for r in recs for x in r.lat], "svc": [x for r in recs for x in r.svc],
             "lag": [x for r in recs for x in r.lag], "unsent": sum(r.unsent for r in recs),
+            # Open loop only (closed-loop steps have no due time).
+            "samples": [[first + j, d, x, v] for j, r in enumerate(recs)
+                        for d, x, v in zip(r.due, r.lat, r.svc, strict=False)],
             "cpu_s": time.process_time() - c0, "done": time.time()}
 
 
 def bench_loop(clients: int, steps: int, modes: list[str], extra: list[str],
                seconds: float = 0.0, procs: int = 1, use_async: bool = False,
-               rate: float = 0.0, poisson: bool = False) -> None:
+               rate: float = 0.0, poisson: bool = False, samples_out: str | None = None) -> None:
     if rate and not seconds:
         raise SystemExit("--rate needs --seconds (the schedule's length)")
     for mode in modes:
@@ -549,20 +606,19 @@ def bench_loop(clients: int, steps: int, modes: list[str], extra: list[str],
         per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
         with tempfile.TemporaryDirectory() as tmp:
             proc, target, _ = start_daemon(Path(tmp) / "data", *extra)
+            sync_dir = Path(tmp) / "sync"
+            sync_dir.mkdir()
             try:
                 # Every client opens its session and stream first; steps start together.
-                start_at = time.time() + 1.0 + 1.0 * procs
-                end = start_at + seconds if seconds else float("inf")
                 n_steps = float("inf") if seconds else float(steps)
                 ctx = mp.get_context("spawn")
                 with ctx.Pool(procs) as pool:
-                    s0 = None
                     res = pool.map_async(_loop_proc, [
-                        (target, sum(per[:k]), per[k], n_steps, mode, start_at, end, use_async,
-                         rate, clients, poisson)
+                        (target, k, sum(per[:k]), per[k], n_steps, mode, seconds, use_async,
+                         rate, clients, poisson, str(sync_dir))
                         for k in range(procs)])
-                    while time.time() < start_at:
-                        time.sleep(0.001)
+                    start_at = _start_when_ready(str(sync_dir), procs)
+                    _wait_until(start_at)
                     s0 = _cpu_s(proc.pid)
                     parts = res.get()
                     server = _cpu_s(proc.pid) - s0
@@ -570,6 +626,12 @@ def bench_loop(clients: int, steps: int, modes: list[str], extra: list[str],
                 stop_daemon(proc)
         lat = [x for p in parts for x in p["lat"]]
         wall = max(p["done"] for p in parts) - start_at
+        if samples_out and rate:
+            # One line per step: client, due (s after the start), latency and service (s).
+            with open(f"{samples_out}.{mode}.jsonl", "w") as f:
+                for p in parts:
+                    for row in p["samples"]:
+                        f.write(json.dumps(row) + "\n")
         n = len(lat)
         # Client CPU includes start-up (imports, channels): a slight over-estimate per step.
         client = sum(p["cpu_s"] for p in parts)
@@ -771,6 +833,9 @@ def main() -> None:
                     "(needs --seconds)")
     lp.add_argument("--poisson", action="store_true",
                     help="with --rate: Poisson arrivals per client instead of evenly spaced")
+    lp.add_argument("--samples-out", metavar="PREFIX",
+                    help="with --rate: write every step (client, due s, latency s, service s) "
+                    "to PREFIX.MODE.jsonl, to see when the slow steps happened")
     s = sub.add_parser("restart")
     s.add_argument("--tokens", type=int, default=5_000_000)
     s.add_argument("--batch-tokens", type=int, default=65536)
@@ -784,7 +849,8 @@ def main() -> None:
         bench_rpc(a.clients, a.seconds, a.procs, a.turns, a.serve_arg, modes, a.prompt_tokens)
     elif a.cmd == "loop":
         bench_loop(a.clients, a.steps, a.mode or ["unary", "step", "stream", "stream-deferred"],
-                   a.serve_arg, a.seconds, a.procs, a.use_async, a.rate, a.poisson)
+                   a.serve_arg, a.seconds, a.procs, a.use_async, a.rate, a.poisson,
+                   a.samples_out)
     elif a.cmd == "restart":
         bench_restart(a.tokens, a.batch_tokens)
     else:
