@@ -74,7 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from suffixcache.drafter import Draft
-from suffixcache.store import Store, Txn
+from suffixcache.store import Store, StoreClosedError, Txn
 
 from .config import CacheConfig, Limits
 from .errors import (
@@ -128,7 +128,7 @@ class AppendResult:
 class _Session:
     __slots__ = (
         "ns", "id", "rec", "tail", "pending", "last_draft", "lock", "closed", "last",
-        "durable_tokens", "last_commit", "write_error",
+        "durable_tokens", "last_commit", "write_error", "batch",
     )
 
     def __init__(self, ns: str, sid: str, rec: dict[str, Any]) -> None:
@@ -147,6 +147,9 @@ class _Session:
         self.durable_tokens = int(rec.get("tokens", 0))
         self.last_commit: Future[Any] | None = None
         self.write_error: BaseException | None = None
+        # The session's queued deferred write that later deferred appends may still join
+        # (see _DeferredBatch); None when there is none or it can no longer grow.
+        self.batch: _DeferredBatch | None = None
 
     def push_tail(self, tokens: Sequence[int]) -> None:
         self.tail.extend(tokens)
@@ -163,6 +166,63 @@ class _Session:
             "last_active_at": self.last,
             "responses": int(self.rec.get("n_responses", 0)),
         }
+
+
+# A deferred chunk stops growing at this many tokens (a new one starts): one LMDB value
+# stays small whatever a client sends between two commits.
+_CHUNK_MAX = 65536
+
+
+class _DeferredBatch:
+    """A session's deferred appends (kinds other than "response") queued as one store
+    write: the chunks they add, numbered when appended, and the session record after them.
+
+    Deferred steps arrive faster than commits: each used to queue a write of its own (a
+    chunk, the session record, a future and a callback per step, all run by the store's
+    writer thread while it holds the GIL). Now a step joins the session's batch while that
+    is still queued, extending its last chunk when the kind is the same, so a commit group
+    writes one chunk and one record per session however many steps it covers. The writer
+    seals the batch when it runs it; a step after that starts the next batch, queued behind
+    it, so the store sees the session's appends in order. Every step of a batch is durable
+    when the batch's future is done (sess.last_commit)."""
+
+    __slots__ = ("sess", "chunks", "open", "rec", "sealed")
+
+    # Guards every batch's open/chunks/rec against the writer thread sealing it; held for
+    # a few dictionary and list operations only.
+    lock = threading.Lock()
+
+    def __init__(self, sess: _Session, no: int, kind: str, tokens: list[int]) -> None:
+        self.sess = sess
+        self.chunks: list[tuple[int, str, list[int]]] = [(no, kind, tokens)]
+        self.open = True  # later deferred appends of the session may still join
+        # The session record to store: snapshot taken when the batch stops growing.
+        self.rec: dict[str, Any] | None = None
+        self.sealed: tuple[list[tuple[int, str, list[int]]], dict[str, Any]] | None = None
+
+    def close(self) -> None:
+        """Stop growing (with the batch lock held): the record as it is now is the one to
+        store, because the session's next writes are not part of this batch."""
+        if self.open:
+            self.open = False
+            self.rec = dict(self.sess.rec)
+            if self.sess.batch is self:
+                self.sess.batch = None
+
+    def write(self, t: Txn) -> int:
+        """The store job. Sealed on the first run, so a replayed transaction (map resize,
+        a failed group retried job by job) writes exactly the same thing."""
+        if self.sealed is None:
+            with _DeferredBatch.lock:
+                self.close()
+                assert self.rec is not None
+                self.sealed = (self.chunks, self.rec)
+        chunks, rec = self.sealed
+        ns, sid = self.sess.ns, self.sess.id
+        for no, kind, toks in chunks:
+            t.put_chunk(ns, sid, no, kind, toks)
+        t.put_session(rec)
+        return int(rec["tokens"])
 
 
 def _accepted_along(draft: Any, appended: Sequence[int]) -> int:
@@ -557,6 +617,9 @@ class Engine:
 
     def _close_locked(self, sess: _Session, keep_responses: bool) -> dict[str, int]:
         ns, sid = sess.ns, sess.id
+        with _DeferredBatch.lock:
+            if sess.batch is not None:
+                sess.batch.close()
         pending = list(sess.pending)
         pending_seq: list[int] = []
 
@@ -669,7 +732,6 @@ class Engine:
 
     def _append_locked(
         self, checked: list[tuple[_Session, str, list[int]]], sessions: list[_Session],
-        wait: bool = True,
     ) -> list[AppendResult]:
         # Plan: the finished response tokens of each item, without mutating the sessions
         # until the transaction committed (and without copying a session's pending
@@ -689,6 +751,12 @@ class Engine:
             else:
                 plan.append(None)
         now = time.time()
+        # A queued deferred batch of these sessions must not grow past this write (it
+        # would put later tokens before these in the store).
+        with _DeferredBatch.lock:
+            for s in sessions:
+                if s.batch is not None:
+                    s.batch.close()
         base = {id(s): dict(s.rec) for s in sessions}
 
         def write(t: Txn) -> tuple[dict[int, dict[str, Any]], list[int | None]]:
@@ -714,29 +782,9 @@ class Engine:
                 t.put_session(recs[key])
             return recs, seqs
 
-        if wait:
-            recs, seqs = self.store.write(write)
-            for s in sessions:
-                s.durable_tokens = int(recs[id(s)]["tokens"])
-        else:
-            # Deferred (session streams, kinds other than "response": no sequence ids to
-            # wait for): predict the records the queued write will store, exactly as
-            # Txn.append_chunk updates them, so the next append builds on them. The store's
-            # single writer commits queued writes in order.
-            recs = {k: dict(v) for k, v in base.items()}
-            for sess, _kind, toks in checked:
-                if toks:
-                    r = recs[id(sess)]
-                    r["chunks"] = int(r.get("chunks", 0)) + 1
-                    r["tokens"] = int(r.get("tokens", 0)) + len(toks)
-            for r in recs.values():
-                r["last"] = now
-            seqs = [None] * len(checked)
-            fut = self.store.submit(write)
-            for s in sessions:
-                s.last_commit = fut
-                fut.add_done_callback(functools.partial(
-                    self._deferred_done, s, int(recs[id(s)]["tokens"])))
+        recs, seqs = self.store.write(write)
+        for s in sessions:
+            s.durable_tokens = int(recs[id(s)]["tokens"])
 
         # Durable: now the trees and the in-memory state follow.
         results: list[AppendResult] = []
@@ -773,16 +821,78 @@ class Engine:
             self._delete_sequences(evicted)
         return results
 
+    def _append_deferred(self, sess: _Session, kind: str, toks: list[int]) -> AppendResult:
+        """One deferred append (session streams; any kind but "response", which waits for
+        its sequence id), with the session's lock held: the trees and the session follow at
+        once, the write joins the session's queued batch or queues a new one
+        (_DeferredBatch), and ``sess.last_commit`` is the future that says it is durable.
+
+        The record the store will hold is kept in ``sess.rec`` (chunks numbered, tokens
+        counted as the batch will store them), so a later write builds on it."""
+        now = time.time()
+        rec = sess.rec
+        new_batch = None
+        with _DeferredBatch.lock:
+            b = sess.batch
+            if b is not None and b.open:
+                _no, last_kind, last = b.chunks[-1]
+                if last_kind == kind and len(last) + len(toks) <= _CHUNK_MAX:
+                    last.extend(toks)
+                else:
+                    no = int(rec.get("chunks", 0))
+                    b.chunks.append((no, kind, list(toks)))
+                    rec["chunks"] = no + 1
+            else:
+                no = int(rec.get("chunks", 0))
+                new_batch = sess.batch = _DeferredBatch(sess, no, kind, list(toks))
+                rec["chunks"] = no + 1
+            rec["tokens"] = tokens = int(rec.get("tokens", 0)) + len(toks)
+            rec["last"] = now
+        if new_batch is not None:
+            try:
+                fut = self.store.submit(new_batch.write)
+            except BaseException:
+                # Not queued (the store is closing): the session's record and trees no
+                # longer match its store, as after a failed commit.
+                with _DeferredBatch.lock:
+                    new_batch.close()
+                sess.write_error = StoreClosedError("the store is closed")
+                raise
+            sess.last_commit = fut
+            fut.add_done_callback(functools.partial(self._deferred_done, sess))
+
+        self.cache.append_session(sess.ns, sess.id, toks)
+        sess.push_tail(toks)
+        accepted = -1
+        n = len(toks)
+        if kind == "generated":
+            draft = sess.last_draft
+            if draft is not None:
+                sess.last_draft = None
+                accepted = _accepted_along(draft, toks)
+                self.record_step(sess.ns, sess.id, draft.source, len(draft.tokens), accepted,
+                                 draft=draft, accepted_tokens=toks)
+            with self._ctr_lock:
+                self._bump(sess.ns, sess.id, "generated", n)
+            sess.pending.extend(toks)
+        else:
+            sess.last_draft = None
+        sess.last = now
+        return AppendResult(n, tokens, accepted, None)
+
     @staticmethod
-    def _deferred_done(sess: _Session, tokens: int, fut: Future[Any]) -> None:
-        # Runs in the store's writer thread once the deferred write committed (or failed).
+    def _deferred_done(sess: _Session, fut: Future[Any]) -> None:
+        # Runs in the store's writer thread once a deferred batch committed (or failed);
+        # its result is the session's stored length.
         exc = fut.exception()
         if exc is not None:
             if sess.write_error is None:
                 sess.write_error = exc
             log.error("deferred commit failed",
                       extra={"namespace": sess.ns, "session": sess.id, "error": repr(exc)})
-        elif tokens > sess.durable_tokens:
+            return
+        tokens = fut.result()
+        if tokens > sess.durable_tokens:
             sess.durable_tokens = tokens
 
     def _delete_sequences(self, seq_ids: list[int]) -> None:
@@ -890,8 +1000,10 @@ class Engine:
                 if sess.closed:
                     raise NotFound(f"session {sess.id!r} in namespace {sess.ns!r} was closed")
                 self._check_write_error(sess)
-                res = self._append_locked([(sess, kind, toks)], [sess],
-                                          wait=not defer_commit or kind == "response")[0]
+                if defer_commit and kind != "response":
+                    res = self._append_deferred(sess, kind, toks)
+                else:
+                    res = self._append_locked([(sess, kind, toks)], [sess])[0]
         elif sess.closed:
             raise NotFound(f"session {sess.id!r} in namespace {sess.ns!r} was closed")
         if not draft:

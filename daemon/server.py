@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import gc
 import importlib
 import inspect
 import json
@@ -553,6 +554,19 @@ def _setup(server: LoopServer, engine: Any, cfg: ServeConfig,
     return bound
 
 
+def freeze_startup_objects() -> None:
+    """Move everything allocated so far (modules, the tokenizer's vocabulary, gRPC and
+    protobuf machinery: ~50,000 objects) out of the cyclic garbage collector's reach.
+
+    They live as long as the daemon, but every full (generation 2) collection walked them
+    all again: 20-33 ms with the GIL held, measured under 16 clients at 3,000 steps/s,
+    each one stalling every RPC and leaving a backlog that took a second to drain (the
+    p99 of an open-loop run went from ~5 to ~50 ms). Frozen, a full collection walks only
+    what was allocated since: the sessions and per-RPC objects."""
+    gc.collect()
+    gc.freeze()
+
+
 def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None) -> int:
     """Serve until SIGTERM/SIGINT. Raises ServeError for a start-up problem."""
     from suffixcache.store import TokenizerMismatchError
@@ -591,6 +605,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        freeze_startup_objects()
         server.start()
         tmp = announce.with_suffix(".tmp")
         tmp.write_text(json.dumps({

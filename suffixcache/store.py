@@ -139,11 +139,17 @@ class Txn:
     def append_chunk(self, rec: dict[str, Any], kind: str, tokens: Sequence[int]) -> None:
         """Append a chunk to a session and update (and store) its record."""
         no = int(rec.get("chunks", 0))
-        key = _key(rec["ns"], rec["id"]) + b"\x00" + no.to_bytes(4, "big")
-        self.txn.put(key, _dump({"k": kind, "tok": pack_tokens(tokens)}), db=self._s._chunk)
+        self.put_chunk(rec["ns"], rec["id"], no, kind, tokens)
         rec["chunks"] = no + 1
         rec["tokens"] = int(rec.get("tokens", 0)) + len(tokens)
         self.put_session(rec)
+
+    def put_chunk(self, ns: str, sid: str, no: int, kind: str, tokens: Sequence[int]) -> None:
+        """Store chunk ``no`` of a session as it is; the caller stores the session record
+        that counts it (:meth:`put_session`), in the same transaction. For writers that
+        number their chunks ahead of the commit (coalesced deferred appends)."""
+        key = _key(ns, sid) + b"\x00" + no.to_bytes(4, "big")
+        self.txn.put(key, _dump({"k": kind, "tok": pack_tokens(tokens)}), db=self._s._chunk)
 
     def add_session_response(self, ns: str, sid: str, seq_id: int) -> None:
         key = _key(ns, sid) + b"\x00" + seq_id.to_bytes(_U64, "big")
