@@ -186,14 +186,16 @@ class _DeferredBatch:
     it, so the store sees the session's appends in order. Every step of a batch is durable
     when the batch's future is done (sess.last_commit)."""
 
-    __slots__ = ("sess", "chunks", "open", "rec", "sealed")
+    __slots__ = ("sess", "chunks", "open", "rec", "sealed", "lazy")
 
     # Guards every batch's open/chunks/rec against the writer thread sealing it; held for
     # a few dictionary and list operations only.
     lock = threading.Lock()
 
-    def __init__(self, sess: _Session, no: int, kind: str, tokens: list[int]) -> None:
+    def __init__(self, sess: _Session, no: int, kind: str, tokens: list[int],
+                 lazy: bool) -> None:
         self.sess = sess
+        self.lazy = lazy  # queued as a lazy store write (Store.submit)
         self.chunks: list[tuple[int, str, list[int]]] = [(no, kind, tokens)]
         self.open = True  # later deferred appends of the session may still join
         # The session record to store: snapshot taken when the batch stops growing.
@@ -821,20 +823,26 @@ class Engine:
             self._delete_sequences(evicted)
         return results
 
-    def _append_deferred(self, sess: _Session, kind: str, toks: list[int]) -> AppendResult:
+    def _append_deferred(self, sess: _Session, kind: str, toks: list[int],
+                         lazy: bool) -> AppendResult:
         """One deferred append (session streams; any kind but "response", which waits for
         its sequence id), with the session's lock held: the trees and the session follow at
         once, the write joins the session's queued batch or queues a new one
         (_DeferredBatch), and ``sess.last_commit`` is the future that says it is durable.
+        ``lazy``: nobody waits for the commit soon (Store.submit).
 
         The record the store will hold is kept in ``sess.rec`` (chunks numbered, tokens
         counted as the batch will store them), so a later write builds on it."""
         now = time.time()
         rec = sess.rec
         new_batch = None
+        kick = False
         with _DeferredBatch.lock:
             b = sess.batch
             if b is not None and b.open:
+                if b.lazy and not lazy:
+                    b.lazy = False
+                    kick = True  # its caller waits for this one: commit what is queued
                 _no, last_kind, last = b.chunks[-1]
                 if last_kind == kind and len(last) + len(toks) <= _CHUNK_MAX:
                     last.extend(toks)
@@ -844,13 +852,13 @@ class Engine:
                     rec["chunks"] = no + 1
             else:
                 no = int(rec.get("chunks", 0))
-                new_batch = sess.batch = _DeferredBatch(sess, no, kind, list(toks))
+                new_batch = sess.batch = _DeferredBatch(sess, no, kind, list(toks), lazy)
                 rec["chunks"] = no + 1
             rec["tokens"] = tokens = int(rec.get("tokens", 0)) + len(toks)
             rec["last"] = now
         if new_batch is not None:
             try:
-                fut = self.store.submit(new_batch.write)
+                fut = self.store.submit(new_batch.write, lazy=lazy)
             except BaseException:
                 # Not queued (the store is closing): the session's record and trees no
                 # longer match its store, as after a failed commit.
@@ -860,6 +868,8 @@ class Engine:
                 raise
             sess.last_commit = fut
             fut.add_done_callback(functools.partial(self._deferred_done, sess))
+        elif kick:
+            self.store.kick()
 
         self.cache.append_session(sess.ns, sess.id, toks)
         sess.push_tail(toks)
@@ -977,6 +987,7 @@ class Engine:
         drafter: Any = None,
         draft: bool = True,
         defer_commit: bool = False,
+        commit_soon: bool = False,
     ) -> tuple[AppendResult | None, Any]:
         """One decoding step of a session stream: append ``tokens`` durably (nothing when
         empty), then draft from the session's new tail (unless ``draft`` is False).
@@ -988,7 +999,9 @@ class Engine:
         ``defer_commit`` (not for kind "response", which always waits): the tokens go to
         the trees and their commit is queued behind the session's earlier writes, but this
         does not wait for it; ``sess.durable_tokens`` follows the commits and
-        ``wait_commits(sess)`` waits for them.
+        ``wait_commits(sess)`` waits for them. The commit may wait a few milliseconds for
+        other deferred writes to share it, unless ``commit_soon`` (the caller is about to
+        wait for it itself, as the daemon's event loop does for a durable stream step).
         """
         self._check_kind(kind)
         toks = self.check_tokens(tokens) if tokens else None
@@ -1001,7 +1014,7 @@ class Engine:
                     raise NotFound(f"session {sess.id!r} in namespace {sess.ns!r} was closed")
                 self._check_write_error(sess)
                 if defer_commit and kind != "response":
-                    res = self._append_deferred(sess, kind, toks)
+                    res = self._append_deferred(sess, kind, toks, lazy=not commit_soon)
                 else:
                     res = self._append_locked([(sess, kind, toks)], [sess])[0]
         elif sess.closed:
@@ -1015,6 +1028,8 @@ class Engine:
         """Wait until everything the session queued (deferred commits) is committed."""
         fut = sess.last_commit
         if fut is not None:
+            if not fut.done():
+                self.store.kick()  # it may be a lazy write waiting for company
             with contextlib.suppress(Exception):  # reported through write_error
                 fut.result()
         self._check_write_error(sess)

@@ -366,7 +366,8 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
                         # writes; a durable step's reply awaits that commit (a failed one
                         # fails the step and every later append of the session).
                         appended, draft = step(sess, kind, req.append, req.max_tokens or None,
-                                               drafter, not req.no_draft, True)
+                                               drafter, not req.no_draft, True,
+                                               not req.defer_commit)
                         if appended is not None:
                             if req.defer_commit:
                                 deferred[id(sess)] = sess
@@ -392,17 +393,20 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
             # The client half-closed: the OK status promises that everything is committed.
             try:
                 for s in deferred.values():
-                    await self._committed(s)
+                    await self._committed(s, kick=True)
             except Exception as exc:
                 await _abort_aio(context, exc)
         finally:
             self._open_streams -= 1
 
-    async def _committed(self, sess: Any) -> None:
+    async def _committed(self, sess: Any, kick: bool = False) -> None:
         """Await the session's queued commits without blocking the loop (engine.wait_commits
-        as a coroutine); Unavailable if one failed."""
+        as a coroutine); Unavailable if one failed. ``kick``: they may be deferred (lazy)
+        writes waiting for company; commit them now."""
         fut = sess.last_commit
         if fut is not None and not fut.done():
+            if kick:
+                self.engine.store.kick()
             with contextlib.suppress(Exception):  # reported through write_error
                 await asyncio.wrap_future(fut)
         if sess.write_error is not None:

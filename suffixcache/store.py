@@ -19,7 +19,8 @@ Durability: every write goes through one writer thread that groups the writes
 queued while the previous transaction was committing into a single
 transaction (group commit), commits it with fsync and only then wakes the
 callers. A caller that returned from :meth:`Store.write` therefore knows its
-data survives ``kill -9``; concurrent callers share one fsync.
+data survives ``kill -9``; concurrent callers share one fsync. Writes submitted
+``lazy`` (nobody waits for them soon) may wait a few milliseconds for company.
 
 The map grows on demand: a transaction that hits ``MapFullError`` is aborted,
 the map doubled and the batch replayed, so callers never see the error.
@@ -194,6 +195,10 @@ class Txn:
         self.txn.put(key.encode(), _dump(value), db=self._s._meta)
 
 
+def _nothing(_t: Txn) -> None:
+    return None
+
+
 def _decode_seq(seq_id: int, raw: bytes) -> dict[str, Any]:
     rec = _load(raw)
     rec["id"] = seq_id
@@ -202,11 +207,12 @@ def _decode_seq(seq_id: int, raw: bytes) -> dict[str, Any]:
 
 
 class _Job:
-    __slots__ = ("fn", "future")
+    __slots__ = ("fn", "future", "lazy")
 
-    def __init__(self, fn: Callable[[Txn], Any]) -> None:
+    def __init__(self, fn: Callable[[Txn], Any], lazy: bool = False) -> None:
         self.fn = fn
         self.future: Future[Any] = Future()
+        self.lazy = lazy
 
 
 class Store:
@@ -219,6 +225,7 @@ class Store:
         map_size: int = 64 << 20,
         sync: bool = True,
         max_batch: int = 512,
+        lazy_interval_s: float = 0.005,
     ) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
@@ -245,6 +252,7 @@ class Store:
         # the in-memory trees serve the hot path.
         self._lock = threading.Lock()
         self._max_batch = max_batch
+        self._lazy_interval = lazy_interval_s
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._closed = False
         self.commits = 0
@@ -311,31 +319,51 @@ class Store:
         """Run ``fn(txn)`` in a write transaction; return its result once committed."""
         return self.submit(fn).result()
 
-    def submit(self, fn: Callable[[Txn], Any]) -> Future[Any]:
+    def submit(self, fn: Callable[[Txn], Any], *, lazy: bool = False) -> Future[Any]:
+        """Queue ``fn(txn)``; the future is done once it committed (or failed).
+
+        ``lazy``: nobody waits for this commit soon (a deferred write), so it may wait for
+        company: a group of lazy writes only commits ``lazy_interval_s`` after the previous
+        commit ended (or as soon as a write that is not lazy joins it). Under a stream of
+        small deferred writes this bounds the commit rate, and with it the fsyncs and the
+        writer thread's work, instead of committing each write alone as soon as the disk
+        is free."""
         if self._closed:
             raise StoreClosedError("the store is closed")
-        job = _Job(fn)
+        job = _Job(fn, lazy)
         self._queue.put(job)
         return job.future
 
+    def kick(self) -> None:
+        """Commit what is queued now, lazy or not (for a caller that starts waiting for a
+        lazy write it queued)."""
+        self.submit(_nothing)
+
     def _run_writer(self) -> None:
         stop = False
+        last_end = 0.0
         while not stop:
             first = self._queue.get()
             if first is None:
                 return
             jobs = [first]
-            # Everything queued while the previous commit ran shares this transaction.
+            urgent = not first.lazy
+            due = last_end + self._lazy_interval
+            # Everything queued while the previous commit ran shares this transaction; a
+            # group of lazy writes also takes what comes until it is due.
             while len(jobs) < self._max_batch:
                 try:
-                    nxt = self._queue.get_nowait()
+                    wait = 0.0 if urgent else due - time.monotonic()
+                    nxt = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is None:
                     stop = True
                     break
                 jobs.append(nxt)
+                urgent = urgent or not nxt.lazy
             self._commit_group(jobs)
+            last_end = time.monotonic()
 
     def _commit_group(self, jobs: list[_Job]) -> None:
         try:

@@ -177,3 +177,26 @@ def test_session_response_index(tmp_path: Path) -> None:
         assert store.write(lambda t: t.session_responses("ns", "s")) == []
         assert store.write(lambda t: t.session_responses("ns", "s2")) == [99]
         assert store.session_chunks("ns", "s") == []
+
+
+def test_lazy_writes_wait_for_company(tmp_path: Path) -> None:
+    """A lazy write commits with the next write that is not lazy (or a kick, or close),
+    not on its own, within the lazy interval."""
+    with Store(tmp_path / "s", sync=False, lazy_interval_s=60.0) as store:
+        store.write(lambda t: t.put_meta("a", 1))  # a commit just ended
+        commits = store.commits
+        lazy = [store.submit(lambda t, i=i: t.put_meta(f"lazy{i}", i), lazy=True)
+                for i in range(3)]
+        for f in lazy:
+            assert not f.done()
+        store.write(lambda t: t.put_meta("b", 2))  # not lazy: takes the lazy ones along
+        assert all(f.done() for f in lazy)
+        assert store.commits == commits + 1
+        assert [store.get_meta(f"lazy{i}") for i in range(3)] == [0, 1, 2]
+        late = store.submit(lambda t: t.put_meta("late", 3), lazy=True)
+        store.kick()
+        late.result(timeout=30)
+        last = store.submit(lambda t: t.put_meta("last", 4), lazy=True)
+    assert last.done()  # close commits what is queued
+    with Store(tmp_path / "s", sync=False) as store:
+        assert store.get_meta("late") == 3 and store.get_meta("last") == 4
