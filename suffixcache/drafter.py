@@ -33,6 +33,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from suffixcache import _native
 from suffixcache.cache import SuffixCache
@@ -52,6 +53,27 @@ CALIBRATION_OPTIMISM = 0.0
 MAX_TRACKED_SESSIONS = 100_000
 RATE_DECAY = 0.999  # the achieved rate averages over roughly the last thousand steps
 RATE_PRIOR = 20.0  # pseudo-steps at rate 1 before any feedback
+BACKOFF_ORDERS = 3  # backoff estimates per draft token (context lengths 1, 2, 3)
+
+
+class Candidates(NamedTuple):
+    """A draft's candidate tokens and their calibrator features, as parallel lists."""
+
+    tokens: list[int]
+    conds: list[float]
+    supports: list[int]
+    sources: list[int]
+    backoff: list[float]  # BACKOFF_ORDERS values a token; empty = unknown
+
+
+class Candidate(NamedTuple):
+    """A candidate draft token with the features the calibrator judges it by."""
+
+    token: int
+    cond: float  # raw P(token | parent) under the mixture
+    support: int  # occurrences behind it
+    source: int  # SOURCE_IDS of the source that contributed most
+    backoff: tuple[float, ...]  # BACKOFF_ORDERS backoff estimates (empty = unknown)
 
 
 @dataclass(frozen=True)
@@ -96,13 +118,39 @@ class Draft:
     # corpus document a corpus draft came from; None for an empty draft
     seq_id: int | None = None
     last_token: int = field(default=-1, repr=False)  # the context's last token when drafted
-    # The candidate tokens the length rule declined, each (token, raw P(token | parent),
-    # support, source id), for a path draft cut short; empty otherwise. When the whole
-    # draft is accepted, the tokens that follow say whether they would have been.
-    declined: tuple[tuple[int, float, int, int], ...] = field(default=(), repr=False)
+    # per token, P(token | the 1, 2, 3 tokens before it) under the trees (flat,
+    # BACKOFF_ORDERS values a token; -1 = unknown): a calibrator feature
+    backoff: list[float] = field(default_factory=list, repr=False)
+    # Every candidate the trees offered, the drafted ones first, for a path draft that
+    # the length rule cut short (None otherwise): when the whole draft is accepted, the
+    # text that follows says whether the declined ones would have been.
+    candidates: Candidates | None = field(default=None, repr=False)
     # the context's tail the draft was matched against: says whether a later step of
     # the same session continues this one (the text after the cut is then known)
     context_tail: tuple[int, ...] = field(default=(), repr=False)
+
+    @property
+    def declined_tokens(self) -> list[int]:
+        """The candidate tokens the length rule declined."""
+        return self.candidates.tokens[len(self.tokens) :] if self.candidates else []
+
+    @property
+    def declined(self) -> list[Candidate]:
+        """The candidates the length rule declined, with their features."""
+        c = self.candidates
+        if c is None:
+            return []
+        k = BACKOFF_ORDERS if c.backoff else 0
+        return [
+            Candidate(
+                c.tokens[i],
+                c.conds[i],
+                c.supports[i],
+                c.sources[i],
+                tuple(c.backoff[i * k : (i + 1) * k]),
+            )
+            for i in range(len(self.tokens), len(c.tokens))
+        ]
 
     @property
     def source(self) -> str:
@@ -234,6 +282,7 @@ class Drafter:
         ]
         last_token = int(tail[-1])
         prev = self._prev.get(key, -1) if key is not None else -1
+        backoff: list[float] = raw.get("backoff", [])
         if cfg.calibrate:
             probs, keep = self.calibrator.choose(
                 conds,
@@ -247,16 +296,16 @@ class Drafter:
                 cfg.cost_aware,
                 tokens,
                 last_token,
+                backoff,
             )
         else:
             probs, keep = list(raw_probs), len(tokens)
             if cfg.cost_aware:
                 keep = self._best_prefix(probs)
-        declined: tuple[tuple[int, float, int, int], ...] = ()
+        candidates = None
         if keep < len(tokens) and not cfg.use_tree:
-            declined = tuple(
-                zip(tokens[keep:], conds[keep:], supports[keep:], source_ids[keep:], strict=True)
-            )
+            # kept as the native call returned them: most are never looked at again
+            candidates = Candidates(tokens, conds, supports, source_ids, backoff)
         return Draft(
             tokens[:keep],
             parents[:keep],
@@ -270,7 +319,8 @@ class Drafter:
             prev,
             raw["seq_ids"][0] if keep else None,
             last_token,
-            declined,
+            backoff[: keep * BACKOFF_ORDERS],
+            candidates,
             tuple(tail),
         )
 
@@ -321,7 +371,7 @@ class Drafter:
             self._rate_cost = self._rate_cost * RATE_DECAY + step_cost
             held: list[_Held] = []
             if draft.key is not None:
-                if n or draft.declined:  # a step without candidates leaves it as it was
+                if n or draft.candidates:  # a step without candidates leaves it as it was
                     self._prev[draft.key] = accepted if n else -1
                     self._prev.move_to_end(draft.key)
                     if len(self._prev) > MAX_TRACKED_SESSIONS:
@@ -337,18 +387,18 @@ class Drafter:
             m = min(len(text), len(tail))
             if accepted_tokens is not None and m and list(tail[-m:]) == text[-m:]:
                 text.extend(accepted_tokens)
-                if not _judged(h.draft.declined, text[len(h.draft.tokens) :])[1]:
+                if not _judged(h.draft.declined_tokens, text[len(h.draft.tokens) :])[1]:
                     still_held.append(h)
                     continue
             self._learn(h.draft, len(h.draft.tokens), text)
-        if n or draft.declined:
+        if n or draft.candidates:
             past = accepted_tokens[n:] if accepted_tokens is not None else []
             if (
                 draft.key is not None  # a later step of the same session can go on judging it
                 and accepted == n
-                and draft.declined
+                and draft.candidates
                 and past
-                and not _judged(draft.declined, past)[1]
+                and not _judged(draft.declined_tokens, past)[1]
             ):
                 still_held.append(_Held(draft, list(accepted_tokens or [])))
             else:
@@ -371,15 +421,20 @@ class Drafter:
         conds, supports, parents = list(draft.conds), list(draft.supports), list(draft.parents)
         sources = [SOURCE_IDS[s] for s in draft.sources]
         tokens = list(draft.tokens)
+        backoff = list(draft.backoff)
         if n_accepted == n and truth is not None and len(truth) > n:
-            past_hits = _judged(draft.declined, truth[n:])[0]
-            for i, (token, cond, support, source) in enumerate(draft.declined[: len(past_hits)]):
-                tokens.append(token)
-                conds.append(cond)
-                supports.append(support)
-                sources.append(source)
-                parents.append(n + i - 1)
-            hits.extend(past_hits)
+            past_hits = _judged(draft.declined_tokens, truth[n:])[0]
+            c, end = draft.candidates, n + len(past_hits)
+            if c is not None and past_hits:
+                tokens += c.tokens[n:end]
+                conds += c.conds[n:end]
+                supports += c.supports[n:end]
+                sources += c.sources[n:end]
+                parents += range(n - 1, end - 1)
+                backoff += c.backoff[n * BACKOFF_ORDERS : end * BACKOFF_ORDERS]
+                hits += past_hits
+        if len(backoff) != len(tokens) * BACKOFF_ORDERS:
+            backoff = []  # a draft built without them
         if not tokens:
             return
         self.calibrator.observe(
@@ -392,6 +447,7 @@ class Drafter:
             hits,
             tokens,
             draft.last_token,
+            backoff,
         )
 
     def forget_session(self, namespace: str, session_id: str) -> None:
@@ -408,13 +464,11 @@ class _Held:
     text: list[int]  # the session's text after the draft's context, as far as known
 
 
-def _judged(
-    declined: Sequence[tuple[int, float, int, int]], text: Sequence[int]
-) -> tuple[list[bool], bool]:
-    """How ``text`` judges the declined candidates (up to the first miss), and whether
-    it judged all it ever will (a miss, or every candidate)."""
+def _judged(declined: Sequence[int], text: Sequence[int]) -> tuple[list[bool], bool]:
+    """How ``text`` judges the declined candidate tokens (up to the first miss), and
+    whether it judged all it ever will (a miss, or every candidate)."""
     hits: list[bool] = []
-    for (token, *_), truth in zip(declined, text, strict=False):
+    for token, truth in zip(declined, text, strict=False):
         hits.append(token == truth)
         if token != truth:
             return hits, True

@@ -240,3 +240,30 @@ def ref_speculate_multi(
         idx = len(tokens) - 1
         push_children(node_states[idx], idx, node_depth[idx])
     return out
+
+
+BACKOFF_ORDERS = (1, 2, 3)
+
+
+def ref_backoff(
+    trees: Sequence[RefTree], context: Sequence[int], tokens: Sequence[int], parents: Sequence[int]
+) -> list[float]:
+    """For each draft token and k in BACKOFF_ORDERS: count(w token) / (count(w) + 1),
+    counts summed over the trees, w = the k tokens before it (context, then its path)."""
+    out: list[float] = []
+    for i, tok in enumerate(tokens):
+        path: list[int] = []
+        p = parents[i]
+        while p >= 0:
+            path.append(tokens[p])
+            p = parents[p]
+        before = list(context) + path[::-1]
+        for k in BACKOFF_ORDERS:
+            if len(before) < k:
+                out.append(-1.0)
+                continue
+            w = before[len(before) - k :]
+            total = sum(t.count(w) for t in trees)
+            nxt = sum(t.count([*w, tok]) for t in trees)
+            out.append(nxt / (total + 1))
+    return out

@@ -53,3 +53,33 @@ def test_token_lists_must_match_the_draft() -> None:
         assert "tokens" in str(exc)
     else:
         raise AssertionError("a short token list was accepted")
+
+
+def test_backoff_estimates_separate_guesses_from_reliable_continuations() -> None:
+    # Same counts, same token: the one whose short context is rarely continued with it
+    # (backoff 0.1) is rejected, the one it usually continues (0.9) accepted. The
+    # backoff features learn the difference; without them the two look alike.
+    cal = _native.Calibrator(4.0, 0.0)
+    guess, reliable = [0.1, 0.1, 0.1], [0.9, 0.9, 0.9]
+
+    def observe(backoff: list[float], hit: bool) -> None:
+        cal.observe([1.0], [1], [-1], [0], 4, -1, [hit], tokens=[5], backoff=backoff)
+
+    def estimate(backoff: list[float]) -> float:
+        probs, _ = cal.choose(
+            [1.0], [1], [-1], [0], 4, -1, COSTS, 1.0, True, tokens=[5], backoff=backoff
+        )
+        return probs[0]
+
+    for _ in range(300):
+        observe(guess, False)
+        observe(reliable, True)
+    assert estimate(reliable) - estimate(guess) > 0.6
+    unknown = estimate([])  # no backoff given: in between
+    assert estimate(guess) < unknown < estimate(reliable)
+    try:
+        estimate([0.5])
+    except ValueError as exc:
+        assert "backoff" in str(exc)
+    else:
+        raise AssertionError("a backoff list of the wrong length was accepted")

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from suffixcache import SuffixTree, speculate_multi
-from tests.reference_tree import RefTree, ref_speculate_multi
+from tests.reference_tree import RefTree, ref_backoff, ref_speculate_multi
 
 ALPHABET = st.integers(min_value=0, max_value=4)  # small, so that strings repeat
 TOKENS = st.lists(ALPHABET, min_size=0, max_size=12)
@@ -105,6 +105,9 @@ def test_mixture_matches_reference(
     got = speculate_multi(trees, weights, tails, context, match_power=match_power, **params)
     want = ref_speculate_multi(refs, weights, tails, context, match_power=match_power, **params)
     assert_same_draft(got, want)
+    # each token's backoff estimates, from counts over all three trees
+    backoff = ref_backoff(refs, context, want["tokens"], want["parents"])  # type: ignore[arg-type]
+    assert got.get("backoff", []) == pytest.approx(backoff, rel=1e-6)
 
 
 @settings(max_examples=50, deadline=None)

@@ -25,6 +25,7 @@ constexpr double kSupportF[] = {1, 2, 3, 4, 6, 8, 16, 32};          // 9
 constexpr double kDepthF[] = {1, 2, 3, 4, 6, 8, 12};                // 8
 constexpr double kMatchF[] = {1, 2, 3, 4, 6, 8, 12, 16, 24};        // 10
 constexpr double kPrev[] = {-1, 0, 2, 6};                            // 5
+constexpr double kBackoff[] = {0.05, 0.2, 0.4, 0.6, 0.8, 0.95};      // 7, and 7 = unknown
 constexpr int32_t kSources = 4;
 // Adagrad of the logistic correction: step size, and the accumulators' start (which
 // bounds the first steps at kLearningRate / sqrt(kGradSqInit) per unit of gradient)
@@ -76,12 +77,26 @@ void Calibrator::content_keys(const TokenFeatures& f, std::array<uint32_t, kCont
     const uint64_t src = static_cast<uint64_t>(std::clamp<int32_t>(f.source, 0, kSources - 1));
     const uint64_t prev = static_cast<uint64_t>(bucket(f.prev, kPrev));
     const uint64_t match = static_cast<uint64_t>(bucket(f.match_len, kMatch));
+    uint64_t b[kBackoffValues];
+    for (int j = 0; j < kBackoffValues; ++j) {
+        const float v = f.backoff ? f.backoff[j] : -1.0f;
+        b[j] = v < 0.0f ? 7 : static_cast<uint64_t>(bucket(v, kBackoff));
+    }
+    const uint64_t cond = static_cast<uint64_t>(bucket(f.cond, kCond));
+    const uint64_t depth = static_cast<uint64_t>(bucket(f.depth, kDepth));
+    const uint64_t support = static_cast<uint64_t>(bucket(f.support, kSupport));
     const uint64_t raw[kContentFeatures] = {
         (1ull << 60) | tok,
         (2ull << 60) | (before << 32) | tok,
         (3ull << 60) | (src << 32) | tok,
         (4ull << 60) | (prev << 32) | tok,
         (5ull << 60) | (match << 32) | tok,
+        (6ull << 60) | b[0],
+        (7ull << 60) | b[1],
+        (8ull << 60) | b[2],
+        (9ull << 60) | (b[1] << 4) | b[2],
+        (10ull << 60) | (b[1] << 4) | cond,
+        (11ull << 60) | (b[2] << 8) | (depth << 4) | support,
     };
     for (int i = 0; i < kContentFeatures; ++i) {
         uint64_t h = raw[i] * 0x9E3779B97F4A7C15ull;  // Fibonacci hashing: the high bits are well mixed

@@ -20,7 +20,11 @@
 // previous-step acceptance and with the match length. Some tokens are reliably rejected whatever the
 // counts say (in the replayed traces, the role header that follows every
 // earlier response: a draft running past the end of a response), others are
-// near-certain (punctuation inside identifiers):
+// near-certain (punctuation inside identifiers). And the token's backoff
+// probabilities, how often the last 1, 2, 3 tokens alone are continued with
+// it: alone, crossed with each other, with the raw probability, and with depth
+// and support (a deep token the long match saw once, that its short context
+// rarely continues with, is a guess):
 //
 //     p = sigmoid(a * logit(p_bins) + sum_k w[hash(feature_k)])
 //
@@ -46,6 +50,9 @@ struct TokenFeatures {
     int32_t prev;      // tokens accepted at the session's previous step; -1 = it had no draft
     int32_t token = -1;       // the drafted token id
     int32_t prev_token = -1;  // the token before it (the context's last token for the first)
+    // P(token | the 1, 2, 3 tokens before it) over the trees (backoff_probs in
+    // suffix_tree.hpp); nullptr or -1 = unknown
+    const float* backoff = nullptr;
 };
 
 class Calibrator {
@@ -63,7 +70,8 @@ class Calibrator {
     void observe(const TokenFeatures& f, bool accepted);
     double trials() const { return total_trials_; }
 
-    static constexpr int kContentFeatures = 5;
+    static constexpr int kContentFeatures = 11;
+    static constexpr int kBackoffValues = 3;  // TokenFeatures::backoff's length
     static constexpr uint32_t kTableBits = 20;
 
   private:

@@ -1,6 +1,7 @@
 #include "suffix_tree.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <queue>
 #include <sstream>
@@ -605,11 +606,10 @@ bool step(SuffixTree* tree, const SourceState& state, Token token, SuffixTree::C
     return true;
 }
 
-}  // namespace
-
-Draft speculate_multi(const std::vector<SuffixTree*>& trees, const std::vector<double>& weights,
-                      const std::vector<int64_t>& tail_seqs, const std::vector<Token>& context,
-                      const SpecParams& params, double match_power) {
+// The mixture draft itself (speculate_multi adds the backoff estimates).
+Draft speculate_mixture(const std::vector<SuffixTree*>& trees, const std::vector<double>& weights,
+                        const std::vector<int64_t>& tail_seqs, const std::vector<Token>& context,
+                        const SpecParams& params, double match_power) {
     const size_t ns = trees.size();
     Draft draft;
     draft.match_lens.assign(ns, 0);
@@ -730,6 +730,79 @@ Draft speculate_multi(const std::vector<SuffixTree*>& trees, const std::vector<d
         int32_t idx = static_cast<int32_t>(nodes.size() - 1);
         expand(nodes[idx], idx, true, &queue, nullptr);
     }
+    return draft;
+}
+
+}  // namespace
+
+namespace {
+// One token further down from a position (the root: {kRoot, 0}); node kNoNode = absent.
+SuffixTree::Cursor step_down(const SuffixTree& t, SuffixTree::Cursor at, Token token) {
+    if (at.node == kNoNode) return at;
+    if (at.offset == t.node(at.node).len) {
+        const NodeId c = t.child(at.node, token);
+        return {c, 1};
+    }
+    if (t.edge_token(at.node, at.offset) == token) return {at.node, at.offset + 1};
+    return {kNoNode, 0};
+}
+int64_t count_at(const SuffixTree& t, SuffixTree::Cursor at) { return at.node == kNoNode ? 0 : t.node(at.node).count; }
+}  // namespace
+
+std::vector<float> backoff_probs(const std::vector<SuffixTree*>& trees, const std::vector<Token>& context,
+                                 const std::vector<Token>& tokens, const std::vector<int32_t>& parents) {
+    // The orders are 1..kNumBackoff: each token's strings of the last j tokens (j = 1..3)
+    // extend its parent's (j - 1) by one step, so the counts cost one step per order.
+    static_assert(kBackoffOrders[0] == 1 && kBackoffOrders[kNumBackoff - 1] == kNumBackoff, "orders 1..n");
+    constexpr int K = kNumBackoff;
+    const size_t nt = trees.size(), n = tokens.size();
+    std::vector<float> out(n * K, -1.0f);
+    if (n == 0) return out;
+    // at[(i + 1) * nt + s][j - 1]: in tree s, the string of the j tokens ending at draft
+    // token i (row 0: at the context's end)
+    std::vector<std::array<SuffixTree::Cursor, K>> at((n + 1) * nt);
+    const SuffixTree::Cursor root{0, 0};
+    const int64_t nc = static_cast<int64_t>(context.size());
+    for (size_t s = 0; s < nt; ++s) {
+        for (int j = 1; j <= K; ++j) {
+            SuffixTree::Cursor c = j <= nc ? root : SuffixTree::Cursor{kNoNode, 0};
+            for (int64_t q = nc - j; q < nc && c.node != kNoNode; ++q) c = step_down(*trees[s], c, context[q]);
+            at[s][j - 1] = c;
+        }
+    }
+    // how many tokens precede each draft token (capped at K): the context's, then its path's
+    std::vector<int32_t> have(n);
+    for (size_t i = 0; i < n; ++i) {
+        const int32_t p = parents[i];
+        const int32_t before = p < 0 ? static_cast<int32_t>(std::min<int64_t>(nc, K)) : std::min(have[p] + 1, K);
+        have[i] = before;
+        const size_t from = static_cast<size_t>(p + 1) * nt, to = (i + 1) * nt;
+        int64_t total[K] = {}, next[K] = {};
+        for (size_t s = 0; s < nt; ++s) {
+            const auto& prev = at[from + s];
+            auto& cur = at[to + s];
+            const SuffixTree& t = *trees[s];
+            const SuffixTree::Cursor one = step_down(t, root, tokens[i]);
+            SuffixTree::Cursor longer[K];  // the strings of j + 1 tokens ending at token i
+            for (int j = 0; j < K; ++j) {
+                longer[j] = step_down(t, prev[j], tokens[i]);
+                total[j] += count_at(t, prev[j]);
+                next[j] += count_at(t, longer[j]);
+            }
+            cur[0] = one;
+            for (int j = 1; j < K; ++j) cur[j] = longer[j - 1];
+        }
+        for (int j = 0; j < K && j < before; ++j)
+            out[i * K + j] = static_cast<float>(static_cast<double>(next[j]) / static_cast<double>(total[j] + 1));
+    }
+    return out;
+}
+
+Draft speculate_multi(const std::vector<SuffixTree*>& trees, const std::vector<double>& weights,
+                      const std::vector<int64_t>& tail_seqs, const std::vector<Token>& context,
+                      const SpecParams& params, double match_power) {
+    Draft draft = speculate_mixture(trees, weights, tail_seqs, context, params, match_power);
+    draft.backoff = backoff_probs(trees, context, draft.tokens, draft.parents);
     return draft;
 }
 

@@ -105,7 +105,14 @@ struct Draft {
     std::vector<int64_t> seq_ids;  // a sequence of the top source holding the token's path
     std::vector<int32_t> match_lens;  // per source: matched suffix length
     double score = 0.0;            // sum of probs: expected accepted tokens
+    // speculate_multi only: per token, kBackoffOrders.size() backoff estimates (see
+    // backoff_probs), row-major
+    std::vector<float> backoff;
 };
+
+// The context lengths k of the backoff estimates (1..kNumBackoff: backoff_probs relies on it).
+constexpr int kBackoffOrders[] = {1, 2, 3};
+constexpr int kNumBackoff = 3;
 
 class SuffixTree {
   public:
@@ -194,8 +201,20 @@ class SuffixTree {
 // tail_seqs[i] (or -1) names a sequence of tree i that may end with the context
 // itself (a session transcript that already holds the context): that trailing
 // occurrence predicts nothing, so it is excluded from matching and counts.
+// Fills draft.backoff as well (see backoff_probs).
 Draft speculate_multi(const std::vector<SuffixTree*>& trees, const std::vector<double>& weights,
                       const std::vector<int64_t>& tail_seqs, const std::vector<Token>& context,
                       const SpecParams& params, double match_power);
+
+// How predictable each draft token is from the few tokens before it alone, whatever
+// the longer context: for k in kBackoffOrders, count(w token) / (count(w) + 1) with
+// counts summed over the trees, w = the k tokens before the token (the context, then
+// the draft's path to it). A long match seen once predicts its continuation with
+// probability 1; whether a short context is usually continued that way tells a
+// reliable continuation from a guess (the calibrator learns how much to trust each).
+// Returns tokens.size() * kNumBackoff values, row-major; -1 where the context and
+// path hold fewer than k tokens.
+std::vector<float> backoff_probs(const std::vector<SuffixTree*>& trees, const std::vector<Token>& context,
+                                 const std::vector<Token>& tokens, const std::vector<int32_t>& parents);
 
 }  // namespace suffixcache
