@@ -52,6 +52,7 @@ closing a session per turn. ``--prompt-tokens N``: prompts of at most N tokens (
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -517,7 +518,13 @@ def _signal_ready_and_wait(sync_dir: str, k: int) -> float:
     """Client process ``k``: say that its clients have their sessions and streams open,
     then wait for the common start time, which the parent writes once every process is
     ready (a process still importing or connecting would otherwise start behind its
-    schedule, and an open loop would count its catching up as latency)."""
+    schedule, and an open loop would count its catching up as latency).
+
+    The process's start-up objects are frozen out of the garbage collector's reach first,
+    as the daemon does with its own: a full collection walking all of them (tens of ms on
+    this machine) would otherwise count as the daemon's latency."""
+    gc.collect()
+    gc.freeze()
     Path(sync_dir, f"ready.{k}").touch()
     go = Path(sync_dir, "go")
     while not go.exists():
