@@ -64,6 +64,7 @@ class Candidates(NamedTuple):
     supports: list[int]
     sources: list[int]
     backoff: list[float]  # BACKOFF_ORDERS values a token; empty = unknown
+    recency: list[int]  # empty = unknown
 
 
 class Candidate(NamedTuple):
@@ -74,6 +75,7 @@ class Candidate(NamedTuple):
     support: int  # occurrences behind it
     source: int  # SOURCE_IDS of the source that contributed most
     backoff: tuple[float, ...]  # BACKOFF_ORDERS backoff estimates (empty = unknown)
+    recency: int  # -1 = unknown
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,9 @@ class Draft:
     # per token, P(token | the 1, 2, 3 tokens before it) under the trees (flat,
     # BACKOFF_ORDERS values a token; -1 = unknown): a calibrator feature
     backoff: list[float] = field(default_factory=list, repr=False)
+    # per token, the smallest of the last 32, 128, 512 tokens of the session transcript
+    # that holds it (0-2; 3: none); empty = unknown: a calibrator feature
+    recency: list[int] = field(default_factory=list, repr=False)
     # Every candidate the trees offered, the drafted ones first, for a path draft that
     # the length rule cut short (None otherwise): when the whole draft is accepted, the
     # text that follows says whether the declined ones would have been.
@@ -148,6 +153,7 @@ class Draft:
                 c.supports[i],
                 c.sources[i],
                 tuple(c.backoff[i * k : (i + 1) * k]),
+                c.recency[i] if c.recency else -1,
             )
             for i in range(len(self.tokens), len(c.tokens))
         ]
@@ -283,6 +289,7 @@ class Drafter:
         last_token = int(tail[-1])
         prev = self._prev.get(key, -1) if key is not None else -1
         backoff: list[float] = raw.get("backoff", [])
+        recency: list[int] = raw.get("recency", [])
         if cfg.calibrate:
             probs, keep = self.calibrator.choose(
                 conds,
@@ -297,6 +304,7 @@ class Drafter:
                 tokens,
                 last_token,
                 backoff,
+                recency,
             )
         else:
             probs, keep = list(raw_probs), len(tokens)
@@ -305,7 +313,7 @@ class Drafter:
         candidates = None
         if keep < len(tokens) and not cfg.use_tree:
             # kept as the native call returned them: most are never looked at again
-            candidates = Candidates(tokens, conds, supports, source_ids, backoff)
+            candidates = Candidates(tokens, conds, supports, source_ids, backoff, recency)
         return Draft(
             tokens[:keep],
             parents[:keep],
@@ -320,6 +328,7 @@ class Drafter:
             raw["seq_ids"][0] if keep else None,
             last_token,
             backoff[: keep * BACKOFF_ORDERS],
+            recency[:keep],
             candidates,
             tuple(tail),
         )
@@ -422,6 +431,7 @@ class Drafter:
         sources = [SOURCE_IDS[s] for s in draft.sources]
         tokens = list(draft.tokens)
         backoff = list(draft.backoff)
+        recency = list(draft.recency)
         if n_accepted == n and truth is not None and len(truth) > n:
             past_hits = _judged(draft.declined_tokens, truth[n:])[0]
             c, end = draft.candidates, n + len(past_hits)
@@ -432,9 +442,13 @@ class Drafter:
                 sources += c.sources[n:end]
                 parents += range(n - 1, end - 1)
                 backoff += c.backoff[n * BACKOFF_ORDERS : end * BACKOFF_ORDERS]
+                recency += c.recency[n:end]
                 hits += past_hits
+        # a draft built without them
         if len(backoff) != len(tokens) * BACKOFF_ORDERS:
-            backoff = []  # a draft built without them
+            backoff = []
+        if len(recency) != len(tokens):
+            recency = []
         if not tokens:
             return
         self.calibrator.observe(
@@ -448,6 +462,7 @@ class Drafter:
             tokens,
             draft.last_token,
             backoff,
+            recency,
         )
 
     def forget_session(self, namespace: str, session_id: str) -> None:

@@ -243,15 +243,20 @@ def ref_speculate_multi(
 
 
 BACKOFF_ORDERS = (1, 2, 3)
+BACKOFF_TOKENS = 12  # only a draft's first tokens get them (kBackoffTokens)
 
 
 def ref_backoff(
     trees: Sequence[RefTree], context: Sequence[int], tokens: Sequence[int], parents: Sequence[int]
 ) -> list[float]:
-    """For each draft token and k in BACKOFF_ORDERS: count(w token) / (count(w) + 1),
-    counts summed over the trees, w = the k tokens before it (context, then its path)."""
+    """For each of a draft's first BACKOFF_TOKENS tokens and k in BACKOFF_ORDERS:
+    count(w token) / (count(w) + 1), counts summed over the trees, w = the k tokens
+    before it (context, then its path); -1 for the later tokens."""
     out: list[float] = []
     for i, tok in enumerate(tokens):
+        if i >= BACKOFF_TOKENS:
+            out += [-1.0] * len(BACKOFF_ORDERS)
+            continue
         path: list[int] = []
         p = parents[i]
         while p >= 0:
@@ -266,4 +271,16 @@ def ref_backoff(
             total = sum(t.count(w) for t in trees)
             nxt = sum(t.count([*w, tok]) for t in trees)
             out.append(nxt / (total + 1))
+    return out
+
+
+RECENCY_WINDOWS = (32, 128, 512)
+
+
+def ref_recency(transcript: Sequence[int], tokens: Sequence[int]) -> list[int]:
+    """For each token, the smallest window at the end of the transcript holding it."""
+    out = []
+    for tok in tokens:
+        inside = [w for w in RECENCY_WINDOWS if tok in transcript[max(0, len(transcript) - w) :]]
+        out.append(RECENCY_WINDOWS.index(inside[0]) if inside else len(RECENCY_WINDOWS))
     return out

@@ -83,3 +83,29 @@ def test_backoff_estimates_separate_guesses_from_reliable_continuations() -> Non
         assert "backoff" in str(exc)
     else:
         raise AssertionError("a backoff list of the wrong length was accepted")
+
+
+def test_recent_use_in_the_transcript_is_learned() -> None:
+    # Same counts, same backoff: a token the conversation used in its last 32 tokens is
+    # accepted, one it never used is not; the recency features learn it.
+    cal = _native.Calibrator(4.0, 0.0)
+
+    def observe(recency: int, hit: bool) -> None:
+        cal.observe([1.0], [1], [-1], [0], 4, -1, [hit], tokens=[5], recency=[recency])
+
+    def estimate(recency: list[int]) -> float:
+        probs, _ = cal.choose(
+            [1.0], [1], [-1], [0], 4, -1, COSTS, 1.0, True, tokens=[5], recency=recency
+        )
+        return probs[0]
+
+    for _ in range(300):
+        observe(0, True)
+        observe(3, False)
+    assert estimate([0]) - estimate([3]) > 0.6
+    try:
+        estimate([0, 1])
+    except ValueError as exc:
+        assert "recency" in str(exc)
+    else:
+        raise AssertionError("a recency list of the wrong length was accepted")

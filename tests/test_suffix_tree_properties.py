@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from suffixcache import SuffixTree, speculate_multi
-from tests.reference_tree import RefTree, ref_backoff, ref_speculate_multi
+from tests.reference_tree import RefTree, ref_backoff, ref_recency, ref_speculate_multi
 
 ALPHABET = st.integers(min_value=0, max_value=4)  # small, so that strings repeat
 TOKENS = st.lists(ALPHABET, min_size=0, max_size=12)
@@ -108,6 +108,30 @@ def test_mixture_matches_reference(
     # each token's backoff estimates, from counts over all three trees
     backoff = ref_backoff(refs, context, want["tokens"], want["parents"])  # type: ignore[arg-type]
     assert got.get("backoff", []) == pytest.approx(backoff, rel=1e-6)
+    # how recently the transcript holding the context used each token
+    if session_holds_context and want["tokens"]:
+        transcript = refs[0].seqs[9]
+        assert got["recency"] == ref_recency(transcript, want["tokens"])  # type: ignore[arg-type]
+    else:
+        assert "recency" not in got
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    transcript=st.lists(st.integers(0, 40), min_size=1, max_size=700),
+    tokens=st.lists(st.integers(0, 45), min_size=1, max_size=20),
+)
+def test_recency_buckets_match_reference(transcript: list[int], tokens: list[int]) -> None:
+    # A session transcript holding the context: the draft tokens' recency in it. The
+    # draft comes from another tree; the transcript's own tree only holds the context.
+    session, other = SuffixTree(8), SuffixTree(8)
+    session.extend(1, transcript)
+    other.extend(1, transcript[-3:] + tokens)
+    got = speculate_multi(
+        [session, other], [0.0, 1.0], [1, -1], transcript[-3:], 32, 8.0, 8.0, 0.0, 3
+    )
+    assert got["tokens"]
+    assert got["recency"] == ref_recency(transcript, got["tokens"])
 
 
 @settings(max_examples=50, deadline=None)

@@ -77,6 +77,7 @@ py::dict draft_to_dict(Draft&& d) {
     out["match_lens"] = py::cast(d.match_lens);
     out["score"] = d.score;
     if (!d.backoff.empty()) out["backoff"] = py::cast(d.backoff);
+    if (!d.recency.empty()) out["recency"] = py::cast(std::vector<int32_t>(d.recency.begin(), d.recency.end()));
     return out;
 }
 
@@ -97,6 +98,10 @@ static int32_t token_at(const std::vector<int32_t>& tokens, size_t i) { return t
 static_assert(kNumBackoff == Calibrator::kBackoffValues, "the calibrator reads every backoff estimate");
 static const float* backoff_at(const std::vector<float>& backoff, size_t i) {
     return backoff.empty() ? nullptr : backoff.data() + i * kNumBackoff;
+}
+static int32_t recency_at(const std::vector<int32_t>& recency, size_t i) { return recency.empty() ? -1 : recency[i]; }
+static void check_recency(const std::vector<int32_t>& recency, size_t n) {
+    if (!recency.empty() && recency.size() != n) throw py::value_error("recency must hold one value per draft token");
 }
 static void check_backoff(const std::vector<float>& backoff, size_t n) {
     if (!backoff.empty() && backoff.size() != n * kNumBackoff)
@@ -201,12 +206,14 @@ PYBIND11_MODULE(_native, m) {
             [](const Calibrator& cal, const std::vector<double>& conds, const std::vector<int32_t>& supports,
                const std::vector<int32_t>& parents, const std::vector<int32_t>& sources, int32_t match_len,
                int32_t prev, const std::vector<double>& costs, double rate, bool cost_aware,
-               const std::vector<int32_t>& tokens, int32_t last_token, const std::vector<float>& backoff) {
+               const std::vector<int32_t>& tokens, int32_t last_token, const std::vector<float>& backoff,
+               const std::vector<int32_t>& recency) {
                 const size_t n = conds.size();
                 if (supports.size() != n || parents.size() != n || sources.size() != n)
                     throw py::value_error("draft feature lists differ in length");
                 if (!tokens.empty() && tokens.size() != n) throw py::value_error("tokens differ in length from the draft");
                 check_backoff(backoff, n);
+                check_recency(recency, n);
                 if (costs.size() < n + 2) throw py::value_error("cost table too short for the draft");
                 std::vector<double> probs(n);
                 std::vector<int32_t> depth(n);
@@ -216,7 +223,7 @@ PYBIND11_MODULE(_native, m) {
                     depth[i] = p < 0 ? 1 : depth[p] + 1;
                     const double r = cal.estimate({conds[i], supports[i], depth[i], match_len, sources[i], prev,
                                                    token_at(tokens, i), before(tokens, p, last_token),
-                                                   backoff_at(backoff, i)});
+                                                   backoff_at(backoff, i), recency_at(recency, i)});
                     probs[i] = p < 0 ? r : r * probs[p];
                 }
                 // Prefix maximising expected tokens - rate * cost(prefix + 1) (see drafter.py).
@@ -238,19 +245,20 @@ PYBIND11_MODULE(_native, m) {
             py::arg("conds"), py::arg("supports"), py::arg("parents"), py::arg("sources"), py::arg("match_len"),
             py::arg("prev"), py::arg("costs"), py::arg("rate"), py::arg("cost_aware") = true,
             py::arg("tokens") = std::vector<int32_t>{}, py::arg("last_token") = -1,
-            py::arg("backoff") = std::vector<float>{},
+            py::arg("backoff") = std::vector<float>{}, py::arg("recency") = std::vector<int32_t>{},
             "Cumulative acceptance estimates of a draft and the prefix length worth verifying.")
         .def(
             "observe",
             [](Calibrator& cal, const std::vector<double>& conds, const std::vector<int32_t>& supports,
                const std::vector<int32_t>& parents, const std::vector<int32_t>& sources, int32_t match_len,
                int32_t prev, const std::vector<bool>& hits, const std::vector<int32_t>& tokens, int32_t last_token,
-               const std::vector<float>& backoff) {
+               const std::vector<float>& backoff, const std::vector<int32_t>& recency) {
                 const size_t n = conds.size();
                 if (supports.size() != n || parents.size() != n || sources.size() != n || hits.size() != n)
                     throw py::value_error("draft feature lists differ in length");
                 if (!tokens.empty() && tokens.size() != n) throw py::value_error("tokens differ in length from the draft");
                 check_backoff(backoff, n);
+                check_recency(recency, n);
                 std::vector<int32_t> depth(n);
                 for (size_t i = 0; i < n; ++i) {
                     const int32_t p = parents[i];
@@ -258,13 +266,13 @@ PYBIND11_MODULE(_native, m) {
                     depth[i] = p < 0 ? 1 : depth[p] + 1;
                     if (p >= 0 && !hits[p]) continue;  // never judged by the verifier
                     cal.observe({conds[i], supports[i], depth[i], match_len, sources[i], prev, token_at(tokens, i),
-                                 before(tokens, p, last_token), backoff_at(backoff, i)},
+                                 before(tokens, p, last_token), backoff_at(backoff, i), recency_at(recency, i)},
                                 hits[i]);
                 }
             },
             py::arg("conds"), py::arg("supports"), py::arg("parents"), py::arg("sources"), py::arg("match_len"),
             py::arg("prev"), py::arg("hits"), py::arg("tokens") = std::vector<int32_t>{}, py::arg("last_token") = -1,
-            py::arg("backoff") = std::vector<float>{},
+            py::arg("backoff") = std::vector<float>{}, py::arg("recency") = std::vector<int32_t>{},
             "Learn from a verified draft: hits[i] = token i was accepted.");
 
     m.def(

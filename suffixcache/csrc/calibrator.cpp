@@ -85,6 +85,9 @@ void Calibrator::content_keys(const TokenFeatures& f, std::array<uint32_t, kCont
     const uint64_t cond = static_cast<uint64_t>(bucket(f.cond, kCond));
     const uint64_t depth = static_cast<uint64_t>(bucket(f.depth, kDepth));
     const uint64_t support = static_cast<uint64_t>(bucket(f.support, kSupport));
+    // 0..3 from recency_buckets, 4 = unknown; near: in the last 128 tokens (2 = unknown)
+    const uint64_t recent = f.recent < 0 ? 4 : static_cast<uint64_t>(std::min<int32_t>(f.recent, 3));
+    const uint64_t near = f.recent < 0 ? 2 : (f.recent <= 1 ? 1 : 0);
     const uint64_t raw[kContentFeatures] = {
         (1ull << 60) | tok,
         (2ull << 60) | (before << 32) | tok,
@@ -97,6 +100,9 @@ void Calibrator::content_keys(const TokenFeatures& f, std::array<uint32_t, kCont
         (9ull << 60) | (b[1] << 4) | b[2],
         (10ull << 60) | (b[1] << 4) | cond,
         (11ull << 60) | (b[2] << 8) | (depth << 4) | support,
+        (12ull << 60) | recent,
+        (13ull << 60) | (recent << 8) | (depth << 4) | b[2],
+        (14ull << 60) | (near << 32) | tok,
     };
     for (int i = 0; i < kContentFeatures; ++i) {
         uint64_t h = raw[i] * 0x9E3779B97F4A7C15ull;  // Fibonacci hashing: the high bits are well mixed

@@ -24,7 +24,8 @@
 // probabilities, how often the last 1, 2, 3 tokens alone are continued with
 // it: alone, crossed with each other, with the raw probability, and with depth
 // and support (a deep token the long match saw once, that its short context
-// rarely continues with, is a guess):
+// rarely continues with, is a guess). And whether the conversation used the token
+// recently (alone, with depth and the backoff, and with the token id):
 //
 //     p = sigmoid(a * logit(p_bins) + sum_k w[hash(feature_k)])
 //
@@ -53,6 +54,9 @@ struct TokenFeatures {
     // P(token | the 1, 2, 3 tokens before it) over the trees (backoff_probs in
     // suffix_tree.hpp); nullptr or -1 = unknown
     const float* backoff = nullptr;
+    // the smallest of the last 32, 128, 512 tokens of the session's transcript that
+    // holds the token (0, 1, 2), 3 if none; -1 = unknown (recency_buckets)
+    int32_t recent = -1;
 };
 
 class Calibrator {
@@ -70,7 +74,7 @@ class Calibrator {
     void observe(const TokenFeatures& f, bool accepted);
     double trials() const { return total_trials_; }
 
-    static constexpr int kContentFeatures = 11;
+    static constexpr int kContentFeatures = 14;
     static constexpr int kBackoffValues = 3;  // TokenFeatures::backoff's length
     static constexpr uint32_t kTableBits = 20;
 

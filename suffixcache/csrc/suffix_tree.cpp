@@ -386,6 +386,11 @@ int64_t SuffixTree::seq_length(int64_t seq_id) const {
     return static_cast<int64_t>(slots_[it->second].tokens.size());
 }
 
+const std::vector<Token>* SuffixTree::seq_tokens_ref(int64_t seq_id) const {
+    auto it = seq_slots_.find(seq_id);
+    return it == seq_slots_.end() ? nullptr : &slots_[it->second].tokens;
+}
+
 std::vector<Token> SuffixTree::seq_tokens(int64_t seq_id) const {
     auto it = seq_slots_.find(seq_id);
     if (it == seq_slots_.end()) throw std::out_of_range("unknown sequence " + std::to_string(seq_id));
@@ -755,8 +760,8 @@ std::vector<float> backoff_probs(const std::vector<SuffixTree*>& trees, const st
     // extend its parent's (j - 1) by one step, so the counts cost one step per order.
     static_assert(kBackoffOrders[0] == 1 && kBackoffOrders[kNumBackoff - 1] == kNumBackoff, "orders 1..n");
     constexpr int K = kNumBackoff;
-    const size_t nt = trees.size(), n = tokens.size();
-    std::vector<float> out(n * K, -1.0f);
+    const size_t nt = trees.size(), n = std::min<size_t>(tokens.size(), kBackoffTokens);
+    std::vector<float> out(tokens.size() * K, -1.0f);
     if (n == 0) return out;
     // at[(i + 1) * nt + s][j - 1]: in tree s, the string of the j tokens ending at draft
     // token i (row 0: at the context's end)
@@ -798,11 +803,61 @@ std::vector<float> backoff_probs(const std::vector<SuffixTree*>& trees, const st
     return out;
 }
 
+std::vector<int8_t> recency_buckets(const std::vector<Token>& transcript, const std::vector<Token>& tokens) {
+    constexpr int kBuckets = sizeof(kRecencyWindows) / sizeof(kRecencyWindows[0]);
+    std::vector<int8_t> out(tokens.size(), kBuckets);
+    if (tokens.empty()) return out;
+    // The draft's distinct tokens in a small open-addressing table, then one backward
+    // pass over the window that stops once every one of them was seen.
+    size_t slots = 64;
+    while (slots < 4 * tokens.size()) slots *= 2;
+    const size_t mask = slots - 1;
+    struct Slot {
+        Token token;
+        int8_t bucket;  // kBuckets until seen
+        bool used;
+    };
+    std::vector<Slot> table(slots, Slot{0, kBuckets, false});
+    auto slot_of = [&](Token t) {
+        size_t h = (static_cast<uint32_t>(t) * 0x9E3779B1u) & mask;
+        while (table[h].used && table[h].token != t) h = (h + 1) & mask;
+        return h;
+    };
+    size_t distinct = 0;
+    for (Token t : tokens) {
+        Slot& slot = table[slot_of(t)];
+        if (!slot.used) {
+            slot = Slot{t, kBuckets, true};
+            ++distinct;
+        }
+    }
+    const int64_t n = static_cast<int64_t>(transcript.size());
+    const int64_t window = std::min<int64_t>(n, kRecencyWindows[kBuckets - 1]);
+    int bucket = 0;
+    for (int64_t back = 0; back < window && distinct > 0; ++back) {
+        while (back >= kRecencyWindows[bucket]) ++bucket;
+        Slot& slot = table[slot_of(transcript[n - 1 - back])];
+        if (slot.used && slot.bucket == kBuckets) {
+            slot.bucket = static_cast<int8_t>(bucket);
+            --distinct;
+        }
+    }
+    for (size_t i = 0; i < tokens.size(); ++i) out[i] = table[slot_of(tokens[i])].bucket;
+    return out;
+}
+
 Draft speculate_multi(const std::vector<SuffixTree*>& trees, const std::vector<double>& weights,
                       const std::vector<int64_t>& tail_seqs, const std::vector<Token>& context,
                       const SpecParams& params, double match_power) {
     Draft draft = speculate_mixture(trees, weights, tail_seqs, context, params, match_power);
     draft.backoff = backoff_probs(trees, context, draft.tokens, draft.parents);
+    const int64_t n = static_cast<int64_t>(context.size());
+    for (size_t s = 0; s < trees.size(); ++s) {
+        if (tail_seqs[s] < 0 || !trees[s]->ends_with(tail_seqs[s], context.data(), n)) continue;
+        if (const std::vector<Token>* transcript = trees[s]->seq_tokens_ref(tail_seqs[s]))
+            draft.recency = recency_buckets(*transcript, draft.tokens);
+        break;
+    }
     return draft;
 }
 

@@ -108,11 +108,17 @@ struct Draft {
     // speculate_multi only: per token, kBackoffOrders.size() backoff estimates (see
     // backoff_probs), row-major
     std::vector<float> backoff;
+    // speculate_multi only: per token, how recently the transcript holding the context
+    // used it (see recency_buckets); empty without such a transcript
+    std::vector<int8_t> recency;
 };
 
 // The context lengths k of the backoff estimates (1..kNumBackoff: backoff_probs relies on it).
 constexpr int kBackoffOrders[] = {1, 2, 3};
 constexpr int kNumBackoff = 3;
+// Only a draft's first tokens get them (-1 after): each costs a few lookups in every
+// tree, and a CPU verifier's drafts are rarely kept further.
+constexpr size_t kBackoffTokens = 12;
 
 class SuffixTree {
   public:
@@ -125,6 +131,9 @@ class SuffixTree {
     bool contains(int64_t seq_id) const { return seq_slots_.count(seq_id) != 0; }
     int64_t seq_length(int64_t seq_id) const;
     std::vector<Token> seq_tokens(int64_t seq_id) const;
+    // A live sequence's tokens, without a copy; nullptr if unknown. Valid until the
+    // tree changes.
+    const std::vector<Token>* seq_tokens_ref(int64_t seq_id) const;
     std::vector<int64_t> seq_ids() const;
 
     Draft speculate(const std::vector<Token>& context, const SpecParams& params);
@@ -201,7 +210,8 @@ class SuffixTree {
 // tail_seqs[i] (or -1) names a sequence of tree i that may end with the context
 // itself (a session transcript that already holds the context): that trailing
 // occurrence predicts nothing, so it is excluded from matching and counts.
-// Fills draft.backoff as well (see backoff_probs).
+// Fills draft.backoff and draft.recency as well (see backoff_probs, recency_buckets;
+// the transcript is tail_seqs' sequence that ends with the context, if any).
 Draft speculate_multi(const std::vector<SuffixTree*>& trees, const std::vector<double>& weights,
                       const std::vector<int64_t>& tail_seqs, const std::vector<Token>& context,
                       const SpecParams& params, double match_power);
@@ -213,8 +223,16 @@ Draft speculate_multi(const std::vector<SuffixTree*>& trees, const std::vector<d
 // probability 1; whether a short context is usually continued that way tells a
 // reliable continuation from a guess (the calibrator learns how much to trust each).
 // Returns tokens.size() * kNumBackoff values, row-major; -1 where the context and
-// path hold fewer than k tokens.
+// path hold fewer than k tokens, and for the tokens after the first kBackoffTokens.
 std::vector<float> backoff_probs(const std::vector<SuffixTree*>& trees, const std::vector<Token>& context,
                                  const std::vector<Token>& tokens, const std::vector<int32_t>& parents);
+
+// The windows of recency_buckets: the last 32, 128 and 512 tokens of a transcript.
+constexpr int kRecencyWindows[] = {32, 128, 512};
+// For each token, the smallest window at the end of the transcript that holds it (0,
+// 1, 2), or 3 if none does. A token the conversation used recently (a column name of
+// the schema in the prompt, an identifier of the code at hand) is a likelier
+// continuation than one a long match brings from elsewhere.
+std::vector<int8_t> recency_buckets(const std::vector<Token>& transcript, const std::vector<Token>& tokens);
 
 }  // namespace suffixcache
