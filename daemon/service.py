@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar
@@ -143,6 +144,42 @@ def _cost_profile(msg: pb.CostProfile) -> dict[str, Any] | None:
     return {str(k): float(c) for k, c in zip(msg.k, msg.cost, strict=True)}
 
 
+class _CommitWaits:
+    """Await store commits (concurrent futures completed by the store's writer thread) on
+    the event loop with one wake-up per burst of completions.
+
+    asyncio.wrap_future costs a call_soon_threadsafe, so a write to the loop's self-pipe
+    and a wake-up, per future; a commit group completes the futures of all the durable
+    steps it holds one after the other, and here only the first of them wakes the loop,
+    which then resolves every waiter completed so far."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._done: list[asyncio.Future[None]] = []
+
+    def wait(self, fut: futures.Future[Any]) -> asyncio.Future[None]:
+        waiter: asyncio.Future[None] = self.loop.create_future()
+        fut.add_done_callback(lambda _f: self._completed(waiter))
+        return waiter
+
+    def _completed(self, waiter: asyncio.Future[None]) -> None:
+        # In the writer thread (or at once on the loop if the commit was already done).
+        with self._lock:
+            self._done.append(waiter)
+            first = len(self._done) == 1
+        if first:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            done, self._done = self._done, []
+        for w in done:
+            if not w.done():  # a cancelled RPC's waiter is done already
+                w.set_result(None)
+
+
 # Open SpeculateStream calls at once by default. An open stream costs no thread (it runs
 # on the event loop) and no CPU while idle; the limit bounds memory and per-stream state.
 DEFAULT_MAX_STREAMS = 64
@@ -156,6 +193,7 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
         self._open_streams = 0  # only touched on the event loop
         # Where the coroutines send work that waits for a commit (None: the loop's default).
         self.pool = pool
+        self._commit_waits: _CommitWaits | None = None  # made on the loop, at first use
 
     def _tokens_of(self, request: Any) -> list[int]:
         which = request.WhichOneof("content")
@@ -407,8 +445,10 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
         if fut is not None and not fut.done():
             if kick:
                 self.engine.store.kick()
-            with contextlib.suppress(Exception):  # reported through write_error
-                await asyncio.wrap_future(fut)
+            waits = self._commit_waits
+            if waits is None:
+                waits = self._commit_waits = _CommitWaits(asyncio.get_running_loop())
+            await waits.wait(fut)  # a failure is reported through write_error
         if sess.write_error is not None:
             self.engine.wait_commits(sess)  # raises Unavailable with the engine's message
             raise Unavailable("a commit failed")  # unreachable: wait_commits raised
