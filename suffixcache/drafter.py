@@ -65,6 +65,7 @@ class Candidates(NamedTuple):
     sources: list[int]
     backoff: list[float]  # BACKOFF_ORDERS values a token; empty = unknown
     recency: list[int]  # empty = unknown
+    pair_recency: list[int]  # empty = unknown
 
 
 class Candidate(NamedTuple):
@@ -76,6 +77,7 @@ class Candidate(NamedTuple):
     source: int  # SOURCE_IDS of the source that contributed most
     backoff: tuple[float, ...]  # BACKOFF_ORDERS backoff estimates (empty = unknown)
     recency: int  # -1 = unknown
+    pair_recency: int  # -1 = unknown
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,8 @@ class Draft:
     # per token, the smallest of the last 32, 128, 512 tokens of the session transcript
     # that holds it (0-2; 3: none); empty = unknown: a calibrator feature
     recency: list[int] = field(default_factory=list, repr=False)
+    # the same for each token's pair (the token before it, the token)
+    pair_recency: list[int] = field(default_factory=list, repr=False)
     # Every candidate the trees offered, the drafted ones first, for a path draft that
     # the length rule cut short (None otherwise): when the whole draft is accepted, the
     # text that follows says whether the declined ones would have been.
@@ -154,6 +158,7 @@ class Draft:
                 c.sources[i],
                 tuple(c.backoff[i * k : (i + 1) * k]),
                 c.recency[i] if c.recency else -1,
+                c.pair_recency[i] if c.pair_recency else -1,
             )
             for i in range(len(self.tokens), len(c.tokens))
         ]
@@ -290,6 +295,7 @@ class Drafter:
         prev = self._prev.get(key, -1) if key is not None else -1
         backoff: list[float] = raw.get("backoff", [])
         recency: list[int] = raw.get("recency", [])
+        pair_recency: list[int] = raw.get("pair_recency", [])
         if cfg.calibrate:
             probs, keep = self.calibrator.choose(
                 conds,
@@ -305,6 +311,7 @@ class Drafter:
                 last_token,
                 backoff,
                 recency,
+                pair_recency,
             )
         else:
             probs, keep = list(raw_probs), len(tokens)
@@ -313,7 +320,9 @@ class Drafter:
         candidates = None
         if keep < len(tokens) and not cfg.use_tree:
             # kept as the native call returned them: most are never looked at again
-            candidates = Candidates(tokens, conds, supports, source_ids, backoff, recency)
+            candidates = Candidates(
+                tokens, conds, supports, source_ids, backoff, recency, pair_recency
+            )
         return Draft(
             tokens[:keep],
             parents[:keep],
@@ -329,6 +338,7 @@ class Drafter:
             last_token,
             backoff[: keep * BACKOFF_ORDERS],
             recency[:keep],
+            pair_recency[:keep],
             candidates,
             tuple(tail),
         )
@@ -432,6 +442,7 @@ class Drafter:
         tokens = list(draft.tokens)
         backoff = list(draft.backoff)
         recency = list(draft.recency)
+        pair_recency = list(draft.pair_recency)
         if n_accepted == n and truth is not None and len(truth) > n:
             past_hits = _judged(draft.declined_tokens, truth[n:])[0]
             c, end = draft.candidates, n + len(past_hits)
@@ -443,12 +454,15 @@ class Drafter:
                 parents += range(n - 1, end - 1)
                 backoff += c.backoff[n * BACKOFF_ORDERS : end * BACKOFF_ORDERS]
                 recency += c.recency[n:end]
+                pair_recency += c.pair_recency[n:end]
                 hits += past_hits
         # a draft built without them
         if len(backoff) != len(tokens) * BACKOFF_ORDERS:
             backoff = []
         if len(recency) != len(tokens):
             recency = []
+        if len(pair_recency) != len(tokens):
+            pair_recency = []
         if not tokens:
             return
         self.calibrator.observe(
@@ -463,6 +477,7 @@ class Drafter:
             draft.last_token,
             backoff,
             recency,
+            pair_recency,
         )
 
     def forget_session(self, namespace: str, session_id: str) -> None:

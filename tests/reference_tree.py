@@ -284,3 +284,22 @@ def ref_recency(transcript: Sequence[int], tokens: Sequence[int]) -> list[int]:
         inside = [w for w in RECENCY_WINDOWS if tok in transcript[max(0, len(transcript) - w) :]]
         out.append(RECENCY_WINDOWS.index(inside[0]) if inside else len(RECENCY_WINDOWS))
     return out
+
+
+def ref_pair_recency(
+    transcript: Sequence[int], tokens: Sequence[int], parents: Sequence[int]
+) -> list[int]:
+    """ref_recency for each token's pair (the token before it, the token)."""
+    out = []
+    for i, tok in enumerate(tokens):
+        pair = (transcript[-1] if parents[i] < 0 else tokens[parents[i]], tok)
+        found = len(RECENCY_WINDOWS)
+        for j, w in enumerate(RECENCY_WINDOWS):
+            start = max(1, len(transcript) - w)
+            if any(
+                (transcript[q - 1], transcript[q]) == pair for q in range(start, len(transcript))
+            ):
+                found = j
+                break
+        out.append(found)
+    return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from suffixcache import _native
 from suffixcache.cost import CostProfile
 
@@ -85,17 +87,18 @@ def test_backoff_estimates_separate_guesses_from_reliable_continuations() -> Non
         raise AssertionError("a backoff list of the wrong length was accepted")
 
 
-def test_recent_use_in_the_transcript_is_learned() -> None:
-    # Same counts, same backoff: a token the conversation used in its last 32 tokens is
-    # accepted, one it never used is not; the recency features learn it.
+@pytest.mark.parametrize("feature", ["recency", "pair_recency"])
+def test_recent_use_in_the_transcript_is_learned(feature: str) -> None:
+    # Same counts, same backoff: a token (or pair) the conversation used in its last 32
+    # tokens is accepted, one it never used is not; the recency features learn it.
     cal = _native.Calibrator(4.0, 0.0)
 
-    def observe(recency: int, hit: bool) -> None:
-        cal.observe([1.0], [1], [-1], [0], 4, -1, [hit], tokens=[5], recency=[recency])
+    def observe(bucket: int, hit: bool) -> None:
+        cal.observe([1.0], [1], [-1], [0], 4, -1, [hit], tokens=[5], **{feature: [bucket]})
 
-    def estimate(recency: list[int]) -> float:
+    def estimate(buckets: list[int]) -> float:
         probs, _ = cal.choose(
-            [1.0], [1], [-1], [0], 4, -1, COSTS, 1.0, True, tokens=[5], recency=recency
+            [1.0], [1], [-1], [0], 4, -1, COSTS, 1.0, True, tokens=[5], **{feature: buckets}
         )
         return probs[0]
 
@@ -103,9 +106,5 @@ def test_recent_use_in_the_transcript_is_learned() -> None:
         observe(0, True)
         observe(3, False)
     assert estimate([0]) - estimate([3]) > 0.6
-    try:
+    with pytest.raises(ValueError, match=feature):
         estimate([0, 1])
-    except ValueError as exc:
-        assert "recency" in str(exc)
-    else:
-        raise AssertionError("a recency list of the wrong length was accepted")

@@ -9,7 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from suffixcache import SuffixTree, speculate_multi
-from tests.reference_tree import RefTree, ref_backoff, ref_recency, ref_speculate_multi
+from tests.reference_tree import (
+    RefTree,
+    ref_backoff,
+    ref_pair_recency,
+    ref_recency,
+    ref_speculate_multi,
+)
 
 ALPHABET = st.integers(min_value=0, max_value=4)  # small, so that strings repeat
 TOKENS = st.lists(ALPHABET, min_size=0, max_size=12)
@@ -112,8 +118,10 @@ def test_mixture_matches_reference(
     if session_holds_context and want["tokens"]:
         transcript = refs[0].seqs[9]
         assert got["recency"] == ref_recency(transcript, want["tokens"])  # type: ignore[arg-type]
+        pairs = ref_pair_recency(transcript, want["tokens"], want["parents"])  # type: ignore[arg-type]
+        assert got["pair_recency"] == pairs
     else:
-        assert "recency" not in got
+        assert "recency" not in got and "pair_recency" not in got
 
 
 @settings(max_examples=100, deadline=None)
@@ -132,6 +140,7 @@ def test_recency_buckets_match_reference(transcript: list[int], tokens: list[int
     )
     assert got["tokens"]
     assert got["recency"] == ref_recency(transcript, got["tokens"])
+    assert got["pair_recency"] == ref_pair_recency(transcript, got["tokens"], got["parents"])
 
 
 @settings(max_examples=50, deadline=None)

@@ -78,6 +78,8 @@ py::dict draft_to_dict(Draft&& d) {
     out["score"] = d.score;
     if (!d.backoff.empty()) out["backoff"] = py::cast(d.backoff);
     if (!d.recency.empty()) out["recency"] = py::cast(std::vector<int32_t>(d.recency.begin(), d.recency.end()));
+    if (!d.pair_recency.empty())
+        out["pair_recency"] = py::cast(std::vector<int32_t>(d.pair_recency.begin(), d.pair_recency.end()));
     return out;
 }
 
@@ -100,8 +102,9 @@ static const float* backoff_at(const std::vector<float>& backoff, size_t i) {
     return backoff.empty() ? nullptr : backoff.data() + i * kNumBackoff;
 }
 static int32_t recency_at(const std::vector<int32_t>& recency, size_t i) { return recency.empty() ? -1 : recency[i]; }
-static void check_recency(const std::vector<int32_t>& recency, size_t n) {
-    if (!recency.empty() && recency.size() != n) throw py::value_error("recency must hold one value per draft token");
+static void check_recency(const std::vector<int32_t>& recency, size_t n, const char* name) {
+    if (!recency.empty() && recency.size() != n)
+        throw py::value_error(std::string(name) + " must hold one value per draft token");
 }
 static void check_backoff(const std::vector<float>& backoff, size_t n) {
     if (!backoff.empty() && backoff.size() != n * kNumBackoff)
@@ -207,24 +210,40 @@ PYBIND11_MODULE(_native, m) {
                const std::vector<int32_t>& parents, const std::vector<int32_t>& sources, int32_t match_len,
                int32_t prev, const std::vector<double>& costs, double rate, bool cost_aware,
                const std::vector<int32_t>& tokens, int32_t last_token, const std::vector<float>& backoff,
-               const std::vector<int32_t>& recency) {
+               const std::vector<int32_t>& recency, const std::vector<int32_t>& pair_recency) {
                 const size_t n = conds.size();
                 if (supports.size() != n || parents.size() != n || sources.size() != n)
                     throw py::value_error("draft feature lists differ in length");
                 if (!tokens.empty() && tokens.size() != n) throw py::value_error("tokens differ in length from the draft");
                 check_backoff(backoff, n);
-                check_recency(recency, n);
+                check_recency(recency, n, "recency");
+                check_recency(pair_recency, n, "pair_recency");
                 if (costs.size() < n + 2) throw py::value_error("cost table too short for the draft");
-                std::vector<double> probs(n);
+                for (size_t i = 0; i < n; ++i)
+                    if (parents[i] >= static_cast<int32_t>(i) || parents[i] < -1)
+                        throw py::value_error("parents must point backwards");
+                // On a path, once a token's cumulative estimate is below rate times the
+                // cheapest marginal cost, no longer prefix can beat the one ending there
+                // (every later token is likelier still to be rejected and costs at least
+                // that much): the rest is not estimated (probability 0).
+                bool path = cost_aware;
+                double cheapest = 1e300;
+                for (size_t i = 0; i < n && path; ++i) {
+                    path = parents[i] == static_cast<int32_t>(i) - 1;
+                    cheapest = std::min(cheapest, costs[i + 2] - costs[i + 1]);
+                }
+                const double stop_below = path ? rate * cheapest : -1.0;
+                std::vector<double> probs(n, 0.0);
                 std::vector<int32_t> depth(n);
                 for (size_t i = 0; i < n; ++i) {
                     const int32_t p = parents[i];
-                    if (p >= static_cast<int32_t>(i) || p < -1) throw py::value_error("parents must point backwards");
                     depth[i] = p < 0 ? 1 : depth[p] + 1;
                     const double r = cal.estimate({conds[i], supports[i], depth[i], match_len, sources[i], prev,
                                                    token_at(tokens, i), before(tokens, p, last_token),
-                                                   backoff_at(backoff, i), recency_at(recency, i)});
+                                                   backoff_at(backoff, i), recency_at(recency, i),
+                                                   recency_at(pair_recency, i)});
                     probs[i] = p < 0 ? r : r * probs[p];
+                    if (probs[i] < stop_below) break;
                 }
                 // Prefix maximising expected tokens - rate * cost(prefix + 1) (see drafter.py).
                 size_t keep = n;
@@ -246,19 +265,22 @@ PYBIND11_MODULE(_native, m) {
             py::arg("prev"), py::arg("costs"), py::arg("rate"), py::arg("cost_aware") = true,
             py::arg("tokens") = std::vector<int32_t>{}, py::arg("last_token") = -1,
             py::arg("backoff") = std::vector<float>{}, py::arg("recency") = std::vector<int32_t>{},
+            py::arg("pair_recency") = std::vector<int32_t>{},
             "Cumulative acceptance estimates of a draft and the prefix length worth verifying.")
         .def(
             "observe",
             [](Calibrator& cal, const std::vector<double>& conds, const std::vector<int32_t>& supports,
                const std::vector<int32_t>& parents, const std::vector<int32_t>& sources, int32_t match_len,
                int32_t prev, const std::vector<bool>& hits, const std::vector<int32_t>& tokens, int32_t last_token,
-               const std::vector<float>& backoff, const std::vector<int32_t>& recency) {
+               const std::vector<float>& backoff, const std::vector<int32_t>& recency,
+               const std::vector<int32_t>& pair_recency) {
                 const size_t n = conds.size();
                 if (supports.size() != n || parents.size() != n || sources.size() != n || hits.size() != n)
                     throw py::value_error("draft feature lists differ in length");
                 if (!tokens.empty() && tokens.size() != n) throw py::value_error("tokens differ in length from the draft");
                 check_backoff(backoff, n);
-                check_recency(recency, n);
+                check_recency(recency, n, "recency");
+                check_recency(pair_recency, n, "pair_recency");
                 std::vector<int32_t> depth(n);
                 for (size_t i = 0; i < n; ++i) {
                     const int32_t p = parents[i];
@@ -266,13 +288,15 @@ PYBIND11_MODULE(_native, m) {
                     depth[i] = p < 0 ? 1 : depth[p] + 1;
                     if (p >= 0 && !hits[p]) continue;  // never judged by the verifier
                     cal.observe({conds[i], supports[i], depth[i], match_len, sources[i], prev, token_at(tokens, i),
-                                 before(tokens, p, last_token), backoff_at(backoff, i), recency_at(recency, i)},
+                                 before(tokens, p, last_token), backoff_at(backoff, i), recency_at(recency, i),
+                                 recency_at(pair_recency, i)},
                                 hits[i]);
                 }
             },
             py::arg("conds"), py::arg("supports"), py::arg("parents"), py::arg("sources"), py::arg("match_len"),
             py::arg("prev"), py::arg("hits"), py::arg("tokens") = std::vector<int32_t>{}, py::arg("last_token") = -1,
             py::arg("backoff") = std::vector<float>{}, py::arg("recency") = std::vector<int32_t>{},
+            py::arg("pair_recency") = std::vector<int32_t>{},
             "Learn from a verified draft: hits[i] = token i was accepted.");
 
     m.def(

@@ -88,6 +88,10 @@ void Calibrator::content_keys(const TokenFeatures& f, std::array<uint32_t, kCont
     // 0..3 from recency_buckets, 4 = unknown; near: in the last 128 tokens (2 = unknown)
     const uint64_t recent = f.recent < 0 ? 4 : static_cast<uint64_t>(std::min<int32_t>(f.recent, 3));
     const uint64_t near = f.recent < 0 ? 2 : (f.recent <= 1 ? 1 : 0);
+    // the pair: 0 in the last 128 tokens, 1 in the last 512, 2 not, 3 unknown;
+    // pair_seen: in the last 512 (2 = unknown)
+    const uint64_t pair = f.recent_pair < 0 ? 3 : (f.recent_pair <= 1 ? 0 : (f.recent_pair == 2 ? 1 : 2));
+    const uint64_t pair_seen = f.recent_pair < 0 ? 2 : (f.recent_pair <= 2 ? 1 : 0);
     const uint64_t raw[kContentFeatures] = {
         (1ull << 60) | tok,
         (2ull << 60) | (before << 32) | tok,
@@ -103,6 +107,9 @@ void Calibrator::content_keys(const TokenFeatures& f, std::array<uint32_t, kCont
         (12ull << 60) | recent,
         (13ull << 60) | (recent << 8) | (depth << 4) | b[2],
         (14ull << 60) | (near << 32) | tok,
+        (15ull << 60) | pair,
+        (16ull << 60) | (pair << 8) | (depth << 4) | b[2],
+        (17ull << 60) | (pair_seen << 32) | tok,
     };
     for (int i = 0; i < kContentFeatures; ++i) {
         uint64_t h = raw[i] * 0x9E3779B97F4A7C15ull;  // Fibonacci hashing: the high bits are well mixed

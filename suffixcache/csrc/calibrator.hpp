@@ -25,7 +25,8 @@
 // it: alone, crossed with each other, with the raw probability, and with depth
 // and support (a deep token the long match saw once, that its short context
 // rarely continues with, is a guess). And whether the conversation used the token
-// recently (alone, with depth and the backoff, and with the token id):
+// recently (alone, with depth and the backoff, and with the token id), and whether it
+// used the pair (token before it, token) recently (the same three ways):
 //
 //     p = sigmoid(a * logit(p_bins) + sum_k w[hash(feature_k)])
 //
@@ -57,6 +58,8 @@ struct TokenFeatures {
     // the smallest of the last 32, 128, 512 tokens of the session's transcript that
     // holds the token (0, 1, 2), 3 if none; -1 = unknown (recency_buckets)
     int32_t recent = -1;
+    // the same for the pair (token before it, token): pair_recency_buckets
+    int32_t recent_pair = -1;
 };
 
 class Calibrator {
@@ -74,7 +77,7 @@ class Calibrator {
     void observe(const TokenFeatures& f, bool accepted);
     double trials() const { return total_trials_; }
 
-    static constexpr int kContentFeatures = 14;
+    static constexpr int kContentFeatures = 17;
     static constexpr int kBackoffValues = 3;  // TokenFeatures::backoff's length
     static constexpr uint32_t kTableBits = 20;
 

@@ -803,47 +803,76 @@ std::vector<float> backoff_probs(const std::vector<SuffixTree*>& trees, const st
     return out;
 }
 
-std::vector<int8_t> recency_buckets(const std::vector<Token>& transcript, const std::vector<Token>& tokens) {
-    constexpr int kBuckets = sizeof(kRecencyWindows) / sizeof(kRecencyWindows[0]);
-    std::vector<int8_t> out(tokens.size(), kBuckets);
-    if (tokens.empty()) return out;
-    // The draft's distinct tokens in a small open-addressing table, then one backward
-    // pass over the window that stops once every one of them was seen.
-    size_t slots = 64;
-    while (slots < 4 * tokens.size()) slots *= 2;
-    const size_t mask = slots - 1;
+namespace {
+constexpr int kRecencyBuckets = sizeof(kRecencyWindows) / sizeof(kRecencyWindows[0]);
+
+// For each key, the smallest of kRecencyWindows at the end of a sequence of n
+// positions holding a position q with key_at(q) equal to it; kRecencyBuckets if none.
+// The distinct keys go in a small open-addressing table, then one backward pass over
+// the window stops once every one of them was seen.
+template <class KeyAt>
+std::vector<int8_t> window_buckets(const std::vector<uint64_t>& keys, int64_t n, KeyAt key_at) {
+    std::vector<int8_t> out(keys.size(), kRecencyBuckets);
+    if (keys.empty()) return out;
+    int bits = 6;
+    while ((size_t{1} << bits) < 4 * keys.size()) ++bits;
+    const size_t mask = (size_t{1} << bits) - 1;
     struct Slot {
-        Token token;
-        int8_t bucket;  // kBuckets until seen
+        uint64_t key;
+        int8_t bucket;  // kRecencyBuckets until seen
         bool used;
     };
-    std::vector<Slot> table(slots, Slot{0, kBuckets, false});
-    auto slot_of = [&](Token t) {
-        size_t h = (static_cast<uint32_t>(t) * 0x9E3779B1u) & mask;
-        while (table[h].used && table[h].token != t) h = (h + 1) & mask;
+    std::vector<Slot> table(mask + 1, Slot{0, kRecencyBuckets, false});
+    auto slot_of = [&](uint64_t k) {
+        size_t h = static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+        while (table[h].used && table[h].key != k) h = (h + 1) & mask;
         return h;
     };
     size_t distinct = 0;
-    for (Token t : tokens) {
-        Slot& slot = table[slot_of(t)];
+    for (uint64_t k : keys) {
+        Slot& slot = table[slot_of(k)];
         if (!slot.used) {
-            slot = Slot{t, kBuckets, true};
+            slot = Slot{k, kRecencyBuckets, true};
             ++distinct;
         }
     }
-    const int64_t n = static_cast<int64_t>(transcript.size());
-    const int64_t window = std::min<int64_t>(n, kRecencyWindows[kBuckets - 1]);
+    const int64_t window = std::min<int64_t>(n, kRecencyWindows[kRecencyBuckets - 1]);
     int bucket = 0;
     for (int64_t back = 0; back < window && distinct > 0; ++back) {
         while (back >= kRecencyWindows[bucket]) ++bucket;
-        Slot& slot = table[slot_of(transcript[n - 1 - back])];
-        if (slot.used && slot.bucket == kBuckets) {
+        Slot& slot = table[slot_of(key_at(n - 1 - back))];
+        if (slot.used && slot.bucket == kRecencyBuckets) {
             slot.bucket = static_cast<int8_t>(bucket);
             --distinct;
         }
     }
-    for (size_t i = 0; i < tokens.size(); ++i) out[i] = table[slot_of(tokens[i])].bucket;
+    for (size_t i = 0; i < keys.size(); ++i) out[i] = table[slot_of(keys[i])].bucket;
     return out;
+}
+
+uint64_t pair_key(Token a, Token b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
+}  // namespace
+
+std::vector<int8_t> recency_buckets(const std::vector<Token>& transcript, const std::vector<Token>& tokens) {
+    std::vector<uint64_t> keys(tokens.begin(), tokens.end());
+    for (uint64_t& k : keys) k = static_cast<uint32_t>(k);
+    return window_buckets(keys, static_cast<int64_t>(transcript.size()),
+                          [&](int64_t q) { return static_cast<uint64_t>(static_cast<uint32_t>(transcript[q])); });
+}
+
+std::vector<int8_t> pair_recency_buckets(const std::vector<Token>& transcript, const std::vector<Token>& tokens,
+                                         const std::vector<int32_t>& parents) {
+    std::vector<int8_t> out(tokens.size(), kRecencyBuckets);
+    if (transcript.empty()) return out;
+    std::vector<uint64_t> keys(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i)
+        keys[i] = pair_key(parents[i] < 0 ? transcript.back() : tokens[parents[i]], tokens[i]);
+    // position 0 has no pair: a key no pair of int32 tokens can equal
+    return window_buckets(keys, static_cast<int64_t>(transcript.size()), [&](int64_t q) {
+        return q > 0 ? pair_key(transcript[q - 1], transcript[q]) : ~uint64_t{0};
+    });
 }
 
 Draft speculate_multi(const std::vector<SuffixTree*>& trees, const std::vector<double>& weights,
@@ -854,8 +883,10 @@ Draft speculate_multi(const std::vector<SuffixTree*>& trees, const std::vector<d
     const int64_t n = static_cast<int64_t>(context.size());
     for (size_t s = 0; s < trees.size(); ++s) {
         if (tail_seqs[s] < 0 || !trees[s]->ends_with(tail_seqs[s], context.data(), n)) continue;
-        if (const std::vector<Token>* transcript = trees[s]->seq_tokens_ref(tail_seqs[s]))
+        if (const std::vector<Token>* transcript = trees[s]->seq_tokens_ref(tail_seqs[s])) {
             draft.recency = recency_buckets(*transcript, draft.tokens);
+            draft.pair_recency = pair_recency_buckets(*transcript, draft.tokens, draft.parents);
+        }
         break;
     }
     return draft;

@@ -111,6 +111,8 @@ struct Draft {
     // speculate_multi only: per token, how recently the transcript holding the context
     // used it (see recency_buckets); empty without such a transcript
     std::vector<int8_t> recency;
+    // the same for the pair (token before it, token); see pair_recency_buckets
+    std::vector<int8_t> pair_recency;
 };
 
 // The context lengths k of the backoff estimates (1..kNumBackoff: backoff_probs relies on it).
@@ -234,5 +236,10 @@ constexpr int kRecencyWindows[] = {32, 128, 512};
 // the schema in the prompt, an identifier of the code at hand) is a likelier
 // continuation than one a long match brings from elsewhere.
 std::vector<int8_t> recency_buckets(const std::vector<Token>& transcript, const std::vector<Token>& tokens);
+// The same for each draft token's pair (the token before it, the token): the token
+// before it is its parent's, or the transcript's last for the first ones. A recent
+// pair says the conversation is repeating itself right there.
+std::vector<int8_t> pair_recency_buckets(const std::vector<Token>& transcript, const std::vector<Token>& tokens,
+                                         const std::vector<int32_t>& parents);
 
 }  // namespace suffixcache
