@@ -17,7 +17,15 @@ proposers). The policy:
    learned over the tokens themselves (the token id, the token before it, the
    id crossed with source, previous acceptance and match length): some tokens
    are rejected whatever their counts say, e.g. the text that followed earlier
-   responses when the current response is about to end.
+   responses when the current response is about to end. Two more kinds of
+   feature come from the native draft itself: how often the last 1-3 tokens
+   alone are continued with the token (a deep token a long match saw once is a
+   guess unless its short context usually goes that way), and whether the
+   session's transcript used the token, and the pair it forms with the token
+   before it, in its last 32/128/512 tokens (a column of the schema in the
+   prompt, an identifier of the code at hand). It learns from every token the
+   verifier judged, and from the candidates past its own cut that the text
+   which followed judged.
 3. Length: given the verifier's cost profile (cost of checking k tokens
    relative to one), keep the prefix k that maximises
    (1 + expected accepted tokens) - rate * cost(k + 1), where rate is the
