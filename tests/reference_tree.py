@@ -243,7 +243,7 @@ def ref_speculate_multi(
 
 
 BACKOFF_ORDERS = (1, 2, 3)
-BACKOFF_TOKENS = 12  # only a draft's first tokens get them (kBackoffTokens)
+BACKOFF_TOKENS = 6  # only a draft's first tokens get them (kBackoffTokens)
 
 
 def ref_backoff(

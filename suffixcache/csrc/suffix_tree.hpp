@@ -120,7 +120,7 @@ constexpr int kBackoffOrders[] = {1, 2, 3};
 constexpr int kNumBackoff = 3;
 // Only a draft's first tokens get them (-1 after): each costs a few lookups in every
 // tree, and a CPU verifier's drafts are rarely kept further.
-constexpr size_t kBackoffTokens = 12;
+constexpr size_t kBackoffTokens = 6;
 
 class SuffixTree {
   public:
