@@ -611,7 +611,7 @@ bool step(SuffixTree* tree, const SourceState& state, Token token, SuffixTree::C
     return true;
 }
 
-// The mixture draft itself (speculate_multi adds the backoff estimates).
+// The mixture draft itself (speculate_multi adds the per-token features).
 Draft speculate_mixture(const std::vector<SuffixTree*>& trees, const std::vector<double>& weights,
                         const std::vector<int64_t>& tail_seqs, const std::vector<Token>& context,
                         const SpecParams& params, double match_power) {
@@ -766,7 +766,7 @@ std::vector<float> backoff_probs(const std::vector<SuffixTree*>& trees, const st
     // at[(i + 1) * nt + s][j - 1]: in tree s, the string of the j tokens ending at draft
     // token i (row 0: at the context's end)
     std::vector<std::array<SuffixTree::Cursor, K>> at((n + 1) * nt);
-    const SuffixTree::Cursor root{0, 0};
+    const SuffixTree::Cursor root{kRoot, 0};
     const int64_t nc = static_cast<int64_t>(context.size());
     for (size_t s = 0; s < nt; ++s) {
         for (int j = 1; j <= K; ++j) {
@@ -869,7 +869,7 @@ std::vector<int8_t> pair_recency_buckets(const std::vector<Token>& transcript, c
     std::vector<uint64_t> keys(tokens.size());
     for (size_t i = 0; i < tokens.size(); ++i)
         keys[i] = pair_key(parents[i] < 0 ? transcript.back() : tokens[parents[i]], tokens[i]);
-    // position 0 has no pair: a key no pair of int32 tokens can equal
+    // position 0 has no pair: a key no pair of (non-negative) tokens can equal
     return window_buckets(keys, static_cast<int64_t>(transcript.size()), [&](int64_t q) {
         return q > 0 ? pair_key(transcript[q - 1], transcript[q]) : ~uint64_t{0};
     });
