@@ -417,8 +417,11 @@ class Drafter:
                 if not _judged(h.draft.declined_tokens, text[len(h.draft.tokens) :])[1]:
                     still_held.append(h)
                     continue
-            self._learn(h.draft, len(h.draft.tokens), text)
+            self._learn(h.draft, len(h.draft.tokens), text, start=h.learned)
         if n or draft.candidates:
+            # learned at once as far as known (the calibrator's next choices need it);
+            # the rest of a declined tail waits for the text that judges it
+            learned = self._learn(draft, accepted, accepted_tokens)
             past = accepted_tokens[n:] if accepted_tokens is not None else []
             if (
                 draft.key is not None  # a later step of the same session can go on judging it
@@ -427,19 +430,20 @@ class Drafter:
                 and past
                 and not _judged(draft.declined_tokens, past)[1]
             ):
-                still_held.append(_Held(draft, list(accepted_tokens or [])))
-            else:
-                self._learn(draft, accepted, accepted_tokens)
+                still_held.append(_Held(draft, list(accepted_tokens or []), learned))
         if still_held and draft.key is not None:
             with self._lock:
                 self._held[draft.key] = still_held
                 if len(self._held) > MAX_TRACKED_SESSIONS:
                     self._held.popitem(last=False)
 
-    def _learn(self, draft: Draft, n_accepted: int, truth: Sequence[int] | None = None) -> None:
+    def _learn(
+        self, draft: Draft, n_accepted: int, truth: Sequence[int] | None = None, start: int = 0
+    ) -> int:
         """Teaches the calibrator a judged draft: its tokens and, after a draft accepted
         whole, its declined candidates as far as ``truth`` (the text that followed the
-        context) judges them."""
+        context) judges them; all but the first ``start`` (learned before). Returns how
+        many tokens, drafted and declined, it has now learned."""
         n = len(draft.tokens)
         if draft.is_path():
             hits = [i < n_accepted for i in range(n)]
@@ -471,22 +475,23 @@ class Drafter:
             recency = []
         if len(pair_recency) != len(tokens):
             pair_recency = []
-        if not tokens:
-            return
-        self.calibrator.observe(
-            conds,
-            supports,
-            parents,
-            sources,
-            draft.match_len,
-            draft.prev,
-            hits,
-            tokens,
-            draft.last_token,
-            backoff,
-            recency,
-            pair_recency,
-        )
+        if len(tokens) > start:
+            self.calibrator.observe(
+                conds,
+                supports,
+                parents,
+                sources,
+                draft.match_len,
+                draft.prev,
+                hits,
+                tokens,
+                draft.last_token,
+                backoff,
+                recency,
+                pair_recency,
+                start,
+            )
+        return len(tokens)
 
     def forget_session(self, namespace: str, session_id: str) -> None:
         with self._lock:
@@ -500,6 +505,7 @@ class _Held:
 
     draft: Draft
     text: list[int]  # the session's text after the draft's context, as far as known
+    learned: int  # its tokens, drafted then declined, the calibrator has learned
 
 
 def _judged(declined: Sequence[int], text: Sequence[int]) -> tuple[list[bool], bool]:

@@ -157,27 +157,30 @@ def test_a_sessions_next_steps_judge_the_rest_of_a_declined_tail() -> None:
     n = len(draft)
     assert len(draft.declined) >= 3 and draft.declined[1][0] == truth[n + 1]
     t0 = drafter.calibrator.trials
-    # accepted whole, and the next token matches the first declined candidate: the
-    # draft waits for the session's next step to judge the second one
+    # accepted whole, and the next token matches the first declined candidate: its n
+    # tokens and that hit are learned at once; the draft waits for the session's next
+    # step to judge the second candidate
     drafter.observe(draft, n, truth[: n + 1])
-    assert drafter.calibrator.trials == t0
+    assert drafter.calibrator.trials == t0 + n + 1
+    assert drafter._held
     # the next step continues the same text with a token the second candidate is not:
-    # the held draft learns its n tokens, a hit and a miss; the step itself, one miss
+    # the held draft learns that miss; the step itself, one miss
     ctx2 = ctx + truth[: n + 1]
     step2 = drafter.propose("ns", "s", ctx2)
     assert step2.tokens or step2.declined
     drafter.observe(step2, 0, [-1])
-    assert drafter.calibrator.trials == t0 + n + 2 + 1
+    assert drafter.calibrator.trials == t0 + n + 1 + 1 + 1
     # a session whose next step does not continue the text (a new turn): the held
-    # draft learns what was known when it was held, nothing more
+    # draft learns nothing more than what was known when it was held
     t1 = drafter.calibrator.trials
     other = drafter.propose("ns", "s2", ctx)
     drafter.observe(other, n, truth[: n + 1])
-    assert drafter.calibrator.trials == t1
+    assert drafter.calibrator.trials == t1 + n + 1
     unrelated = drafter.propose("ns", "s2", [7, 8, 9])
     assert not unrelated.tokens and not unrelated.declined
     drafter.observe(unrelated, 0, [5])
     assert drafter.calibrator.trials == t1 + n + 1
+    assert not drafter._held.get(("ns", "s2"))
     # forgetting a session drops what it held
     drafter.observe(drafter.propose("ns", "s3", ctx), n, truth[: n + 1])
     drafter.forget_session("ns", "s3")

@@ -273,8 +273,9 @@ PYBIND11_MODULE(_native, m) {
                const std::vector<int32_t>& parents, const std::vector<int32_t>& sources, int32_t match_len,
                int32_t prev, const std::vector<bool>& hits, const std::vector<int32_t>& tokens, int32_t last_token,
                const std::vector<float>& backoff, const std::vector<int32_t>& recency,
-               const std::vector<int32_t>& pair_recency) {
+               const std::vector<int32_t>& pair_recency, int64_t start) {
                 const size_t n = conds.size();
+                if (start < 0) throw py::value_error("start must be >= 0");
                 if (supports.size() != n || parents.size() != n || sources.size() != n || hits.size() != n)
                     throw py::value_error("draft feature lists differ in length");
                 if (!tokens.empty() && tokens.size() != n) throw py::value_error("tokens differ in length from the draft");
@@ -287,6 +288,7 @@ PYBIND11_MODULE(_native, m) {
                     if (p >= static_cast<int32_t>(i) || p < -1) throw py::value_error("parents must point backwards");
                     depth[i] = p < 0 ? 1 : depth[p] + 1;
                     if (p >= 0 && !hits[p]) continue;  // never judged by the verifier
+                    if (static_cast<int64_t>(i) < start) continue;  // learned from before
                     cal.observe({conds[i], supports[i], depth[i], match_len, sources[i], prev, token_at(tokens, i),
                                  before(tokens, p, last_token), backoff_at(backoff, i), recency_at(recency, i),
                                  recency_at(pair_recency, i)},
@@ -296,8 +298,9 @@ PYBIND11_MODULE(_native, m) {
             py::arg("conds"), py::arg("supports"), py::arg("parents"), py::arg("sources"), py::arg("match_len"),
             py::arg("prev"), py::arg("hits"), py::arg("tokens") = std::vector<int32_t>{}, py::arg("last_token") = -1,
             py::arg("backoff") = std::vector<float>{}, py::arg("recency") = std::vector<int32_t>{},
-            py::arg("pair_recency") = std::vector<int32_t>{},
-            "Learn from a verified draft: hits[i] = token i was accepted.");
+            py::arg("pair_recency") = std::vector<int32_t>{}, py::arg("start") = 0,
+            "Learn from a verified draft: hits[i] = token i was accepted (tokens before start: "
+            "already learned, their hits only say which later tokens were judged).");
 
     m.def(
         "speculate_multi",
