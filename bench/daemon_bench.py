@@ -365,6 +365,16 @@ class _Schedule:
             return (self.phase if k == 0 else prev) + self.rng.expovariate(1.0 / self.period)
         return self.phase + k * self.period
 
+    def remaining(self, k: int, due: float, stop: float) -> int:
+        """How many steps from step k (due ``due`` seconds after the start) on are due
+        before ``stop``: the unsent rest of a client that fell hopelessly behind."""
+        n = 0
+        while due < stop:
+            n += 1
+            k += 1
+            due = self.due(k, due)
+        return n
+
 
 class _Rec:
     """One client's samples: latency from the due time (open loop) or the send (closed),
@@ -425,10 +435,7 @@ def _loop_sync(target: str, i: int, steps: float, mode: str, seconds: float, rec
         while due < stop:
             now = pc()
             if now >= hard:  # hopelessly behind: the rest of the schedule is unsent
-                while due < stop:
-                    rec.unsent += 1
-                    j += 1
-                    due = t0 + sched.due(j, due - t0)
+                rec.unsent += sched.remaining(j, due - t0, stop - t0)
                 break
             if due > now:
                 time.sleep(due - now)
@@ -489,10 +496,7 @@ async def _loop_async(target: str, i: int, steps: float, mode: str, seconds: flo
         while due < stop:
             now = pc()
             if now >= hard:
-                while due < stop:
-                    rec.unsent += 1
-                    j += 1
-                    due = t0 + sched.due(j, due - t0)
+                rec.unsent += sched.remaining(j, due - t0, stop - t0)
                 break
             if due > now:
                 # asyncio rounds a sleep up to the next millisecond (epoll's resolution):

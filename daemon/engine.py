@@ -797,27 +797,7 @@ class Engine:
         results: list[AppendResult] = []
         evicted: list[int] = []
         for (sess, kind, toks), resp, seq in zip(checked, plan, seqs, strict=True):
-            if toks:
-                self.cache.append_session(sess.ns, sess.id, toks)
-                sess.push_tail(toks)
-            accepted = -1
-            if kind in ("generated", "response"):
-                draft = sess.last_draft
-                if draft is not None:
-                    sess.last_draft = None
-                    accepted = _accepted_along(draft, toks)
-                    self.record_step(sess.ns, sess.id, draft.source, len(draft.tokens),
-                                     accepted, draft=draft, accepted_tokens=toks)
-                with self._ctr_lock:
-                    self._bump(sess.ns, sess.id, "generated", len(toks))
-                    if kind == "response":
-                        self._bump(sess.ns, sess.id, "requests", 1)
-            else:
-                sess.last_draft = None
-            if kind == "generated":
-                sess.pending.extend(toks)
-            elif kind == "response":
-                sess.pending.clear()
+            accepted = self._follow_append(sess, kind, toks)
             if seq is not None and resp:
                 evicted.extend(self.cache.add_response(sess.ns, seq, resp))
             results.append(AppendResult(len(toks), int(recs[id(sess)]["tokens"]), accepted, seq))
@@ -876,24 +856,37 @@ class Engine:
         elif kick:
             self.store.kick()
 
-        self.cache.append_session(sess.ns, sess.id, toks)
-        sess.push_tail(toks)
+        accepted = self._follow_append(sess, kind, toks)
+        sess.last = now
+        return AppendResult(len(toks), tokens, accepted, None)
+
+    def _follow_append(self, sess: _Session, kind: str, toks: list[int]) -> int:
+        """Once an append is written (or, deferred, queued): the session's tree, tail,
+        pending response and counters follow it, and the session's last draft is judged
+        by it. Returns that draft's accepted length for a generated or response append
+        (-1 otherwise, or without a draft)."""
+        if toks:
+            self.cache.append_session(sess.ns, sess.id, toks)
+            sess.push_tail(toks)
         accepted = -1
-        n = len(toks)
-        if kind == "generated":
+        if kind in ("generated", "response"):
             draft = sess.last_draft
             if draft is not None:
                 sess.last_draft = None
                 accepted = _accepted_along(draft, toks)
-                self.record_step(sess.ns, sess.id, draft.source, len(draft.tokens), accepted,
-                                 draft=draft, accepted_tokens=toks)
+                self.record_step(sess.ns, sess.id, draft.source, len(draft.tokens),
+                                 accepted, draft=draft, accepted_tokens=toks)
             with self._ctr_lock:
-                self._bump(sess.ns, sess.id, "generated", n)
-            sess.pending.extend(toks)
+                self._bump(sess.ns, sess.id, "generated", len(toks))
+                if kind == "response":
+                    self._bump(sess.ns, sess.id, "requests", 1)
         else:
             sess.last_draft = None
-        sess.last = now
-        return AppendResult(n, tokens, accepted, None)
+        if kind == "generated":
+            sess.pending.extend(toks)
+        elif kind == "response":
+            sess.pending.clear()
+        return accepted
 
     @staticmethod
     def _deferred_done(sess: _Session, fut: Future[Any]) -> None:

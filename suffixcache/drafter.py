@@ -76,18 +76,6 @@ class Candidates(NamedTuple):
     pair_recency: list[int]  # empty = unknown
 
 
-class Candidate(NamedTuple):
-    """A candidate draft token with the features the calibrator judges it by."""
-
-    token: int
-    cond: float  # raw P(token | parent) under the mixture
-    support: int  # occurrences behind it
-    source: int  # SOURCE_IDS of the source that contributed most
-    backoff: tuple[float, ...]  # BACKOFF_ORDERS backoff estimates (empty = unknown)
-    recency: int  # -1 = unknown
-    pair_recency: int  # -1 = unknown
-
-
 @dataclass(frozen=True)
 class DraftConfig:
     max_tokens: int = 32  # hard cap on draft tokens per step
@@ -144,32 +132,12 @@ class Draft:
     candidates: Candidates | None = field(default=None, repr=False)
     # the context's tail the draft was matched against: says whether a later step of
     # the same session continues this one (the text after the cut is then known)
-    context_tail: tuple[int, ...] = field(default=(), repr=False)
+    context_tail: Sequence[int] = field(default=(), repr=False)
 
     @property
     def declined_tokens(self) -> list[int]:
         """The candidate tokens the length rule declined."""
         return self.candidates.tokens[len(self.tokens) :] if self.candidates else []
-
-    @property
-    def declined(self) -> list[Candidate]:
-        """The candidates the length rule declined, with their features."""
-        c = self.candidates
-        if c is None:
-            return []
-        k = BACKOFF_ORDERS if c.backoff else 0
-        return [
-            Candidate(
-                c.tokens[i],
-                c.conds[i],
-                c.supports[i],
-                c.sources[i],
-                tuple(c.backoff[i * k : (i + 1) * k]),
-                c.recency[i] if c.recency else -1,
-                c.pair_recency[i] if c.pair_recency else -1,
-            )
-            for i in range(len(self.tokens), len(c.tokens))
-        ]
 
     @property
     def source(self) -> str:
@@ -269,6 +237,8 @@ class Drafter:
             return EMPTY_DRAFT
         # Only the tail can match: converting a 30k-token prompt on every step would dominate.
         tail = context[-cfg.max_match :]
+        if not isinstance(tail, list):  # the native call takes a list; the Draft keeps it
+            tail = list(tail)
         with self.cache.draft_sources(namespace, session_id) as sources:
             if not sources:
                 return EMPTY_DRAFT
@@ -277,7 +247,7 @@ class Drafter:
                 [tree for _, tree, _ in sources],
                 [float(cfg.weights.get(name, 0.0)) for name in names],
                 [tail_seq for _, _, tail_seq in sources],
-                tail if isinstance(tail, list) else list(tail),
+                tail,
                 budget,
                 cfg.max_spec_factor,
                 cfg.max_spec_offset,
@@ -290,7 +260,7 @@ class Drafter:
         tokens: list[int] = raw["tokens"]
         key = (namespace, session_id) if session_id is not None else None
         if not tokens:
-            return Draft([], [], [], [], match_len, 0.0, key=key, context_tail=tuple(tail))
+            return Draft([], [], [], [], match_len, 0.0, key=key, context_tail=tail)
         parents: list[int] = raw["parents"]
         raw_probs: list[float] = raw["probs"]
         supports: list[int] = raw["counts"]
@@ -348,7 +318,7 @@ class Drafter:
             recency[:keep],
             pair_recency[:keep],
             candidates,
-            tuple(tail),
+            tail,
         )
 
     def _best_prefix(self, probs: Sequence[float]) -> int:

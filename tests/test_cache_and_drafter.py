@@ -123,9 +123,9 @@ def test_the_verifiers_next_token_judges_the_first_declined_token() -> None:
     )
     draft = drafter.propose("ns", None, ctx)
     n = len(draft)
-    assert n < len(full) and draft.declined
+    assert n < len(full) and draft.declined_tokens
     # the candidates after the cut, in order
-    assert [c[0] for c in draft.declined] == full.tokens[n:]
+    assert draft.declined_tokens == full.tokens[n:]
     truth = full.tokens
     # accepted whole, next token known: the declined token is judged too
     t0 = drafter.calibrator.trials
@@ -155,7 +155,7 @@ def test_a_sessions_next_steps_judge_the_rest_of_a_declined_tail() -> None:
     truth = list(range(120, 140))  # what the response goes on with
     draft = drafter.propose("ns", "s", ctx)
     n = len(draft)
-    assert len(draft.declined) >= 3 and draft.declined[1][0] == truth[n + 1]
+    assert len(draft.declined_tokens) >= 3 and draft.declined_tokens[1] == truth[n + 1]
     t0 = drafter.calibrator.trials
     # accepted whole, and the next token matches the first declined candidate: its n
     # tokens and that hit are learned at once; the draft waits for the session's next
@@ -167,7 +167,7 @@ def test_a_sessions_next_steps_judge_the_rest_of_a_declined_tail() -> None:
     # the held draft learns that miss; the step itself, one miss
     ctx2 = ctx + truth[: n + 1]
     step2 = drafter.propose("ns", "s", ctx2)
-    assert step2.tokens or step2.declined
+    assert step2.tokens or step2.candidates
     drafter.observe(step2, 0, [-1])
     assert drafter.calibrator.trials == t0 + n + 1 + 1 + 1
     # a session whose next step does not continue the text (a new turn): the held
@@ -177,7 +177,7 @@ def test_a_sessions_next_steps_judge_the_rest_of_a_declined_tail() -> None:
     drafter.observe(other, n, truth[: n + 1])
     assert drafter.calibrator.trials == t1 + n + 1
     unrelated = drafter.propose("ns", "s2", [7, 8, 9])
-    assert not unrelated.tokens and not unrelated.declined
+    assert not unrelated.tokens and unrelated.candidates is None
     drafter.observe(unrelated, 0, [5])
     assert drafter.calibrator.trials == t1 + n + 1
     assert not drafter._held.get(("ns", "s2"))
