@@ -41,7 +41,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from suffixcache import _native
 from suffixcache.cache import SuffixCache
@@ -61,19 +60,6 @@ CALIBRATION_OPTIMISM = 0.0
 MAX_TRACKED_SESSIONS = 100_000
 RATE_DECAY = 0.999  # the achieved rate averages over roughly the last thousand steps
 RATE_PRIOR = 20.0  # pseudo-steps at rate 1 before any feedback
-BACKOFF_ORDERS = 3  # backoff estimates per draft token (context lengths 1, 2, 3)
-
-
-class Candidates(NamedTuple):
-    """A draft's candidate tokens and their calibrator features, as parallel lists."""
-
-    tokens: list[int]
-    conds: list[float]
-    supports: list[int]
-    sources: list[int]
-    backoff: list[float]  # BACKOFF_ORDERS values a token; empty = unknown
-    recency: list[int]  # empty = unknown
-    pair_recency: list[int]  # empty = unknown
 
 
 @dataclass(frozen=True)
@@ -102,42 +88,41 @@ class DraftConfig:
             raise ValueError(f"unknown draft sources in weights: {sorted(unknown)}")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Draft:
+    """One step's draft. Treat it as immutable (not frozen: a frozen dataclass's
+    constructor costs as much as the rest of the Python side of a step)."""
+
     tokens: list[int]
     parents: list[int]  # index of the parent token; -1 = hangs off the end of the context
     probs: list[float]  # estimated probability that the token is accepted (cumulative)
     sources: list[str]  # per token: the source that contributed most
     match_len: int  # longest matched context suffix over the sources
     score: float  # expected accepted tokens (sum of probs)
-    conds: list[float] = field(default_factory=list, repr=False)  # raw P(token | parent)
-    supports: list[int] = field(default_factory=list, repr=False)  # occurrences behind each token
     key: tuple[str, str] | None = field(default=None, repr=False)  # (namespace, session)
     prev: int = field(default=-1, repr=False)  # session's previous-step acceptance when drafted
     # a sequence (of the first token's source tree) that holds the drafted text, e.g. the
     # corpus document a corpus draft came from; None for an empty draft
     seq_id: int | None = None
     last_token: int = field(default=-1, repr=False)  # the context's last token when drafted
-    # per token, P(token | the 1, 2, 3 tokens before it) under the trees (flat,
-    # BACKOFF_ORDERS values a token; -1 = unknown): a calibrator feature
-    backoff: list[float] = field(default_factory=list, repr=False)
-    # per token, the smallest of the last 32, 128, 512 tokens of the session transcript
-    # that holds it (0-2; 3: none); empty = unknown: a calibrator feature
-    recency: list[int] = field(default_factory=list, repr=False)
-    # the same for each token's pair (the token before it, the token)
-    pair_recency: list[int] = field(default_factory=list, repr=False)
-    # Every candidate the trees offered, the drafted ones first, for a path draft that
-    # the length rule cut short (None otherwise): when the whole draft is accepted, the
-    # text that follows says whether the declined ones would have been.
-    candidates: Candidates | None = field(default=None, repr=False)
+    # Every candidate the trees offered, the drafted ones first, with the calibrator's
+    # features, kept native (None when the trees offered none). The calibrator learns
+    # the drafted ones from it, and, when the whole draft is accepted, those the length
+    # rule declined as far as the text that follows judges them.
+    candidates: _native.NativeDraft | None = field(default=None, repr=False)
     # the context's tail the draft was matched against: says whether a later step of
     # the same session continues this one (the text after the cut is then known)
     context_tail: Sequence[int] = field(default=(), repr=False)
+    _path: bool | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def declined_tokens(self) -> list[int]:
-        """The candidate tokens the length rule declined."""
-        return self.candidates.tokens[len(self.tokens) :] if self.candidates else []
+        """The candidate tokens the length rule declined (a path draft's only: a tree's
+        declined branches are not a continuation of it)."""
+        c = self.candidates
+        if c is None or len(c) == len(self.tokens) or not self.is_path():
+            return []
+        return c.tokens(len(self.tokens))
 
     @property
     def source(self) -> str:
@@ -147,7 +132,9 @@ class Draft:
         return len(self.tokens)
 
     def is_path(self) -> bool:
-        return all(p == i - 1 for i, p in enumerate(self.parents))
+        if self._path is None:
+            self._path = all(p == i - 1 for i, p in enumerate(self.parents))
+        return self._path
 
     def path(self) -> list[int]:
         """The most probable root-to-leaf path (the whole draft when it is a path)."""
@@ -243,8 +230,9 @@ class Drafter:
             if not sources:
                 return EMPTY_DRAFT
             names = [name for name, _, _ in sources]
-            raw = _native.speculate_multi(
+            native = _native.draft_multi(
                 [tree for _, tree, _ in sources],
+                [SOURCE_IDS[name] for name in names],
                 [float(cfg.weights.get(name, 0.0)) for name in names],
                 [tail_seq for _, _, tail_seq in sources],
                 tail,
@@ -256,68 +244,32 @@ class Drafter:
                 cfg.use_tree,
                 cfg.match_power,
             )
-        match_len = max(raw["match_lens"], default=0)
-        tokens: list[int] = raw["tokens"]
         key = (namespace, session_id) if session_id is not None else None
-        if not tokens:
-            return Draft([], [], [], [], match_len, 0.0, key=key, context_tail=tail)
-        parents: list[int] = raw["parents"]
-        raw_probs: list[float] = raw["probs"]
-        supports: list[int] = raw["counts"]
-        source_ids = [SOURCE_IDS[names[i]] for i in raw["sources"]]
-        conds = [
-            p / raw_probs[parent] if parent >= 0 and raw_probs[parent] > 0 else p
-            for p, parent in zip(raw_probs, parents, strict=True)
-        ]
+        if not len(native):
+            return Draft([], [], [], [], native.match_len, 0.0, key=key, context_tail=tail)
         last_token = int(tail[-1])
         prev = self._prev.get(key, -1) if key is not None else -1
-        backoff: list[float] = raw.get("backoff", [])
-        recency: list[int] = raw.get("recency", [])
-        pair_recency: list[int] = raw.get("pair_recency", [])
         if cfg.calibrate:
-            probs, keep = self.calibrator.choose(
-                conds,
-                supports,
-                parents,
-                source_ids,
-                match_len,
-                prev,
-                self._cost,
-                self.achieved_rate,
-                cfg.cost_aware,
-                tokens,
-                last_token,
-                backoff,
-                recency,
-                pair_recency,
+            probs, keep = self.calibrator.choose_draft(
+                native, prev, self._cost, self.achieved_rate, cfg.cost_aware, last_token
             )
         else:
-            probs, keep = list(raw_probs), len(tokens)
-            if cfg.cost_aware:
-                keep = self._best_prefix(probs)
-        candidates = None
-        if keep < len(tokens) and not cfg.use_tree:
-            # kept as the native call returned them: most are never looked at again
-            candidates = Candidates(
-                tokens, conds, supports, source_ids, backoff, recency, pair_recency
-            )
+            probs = native.probs
+            keep = self._best_prefix(probs) if cfg.cost_aware else len(probs)
+            probs = probs[:keep]
+        tokens, parents, tree_index, seq_id = native.head(keep)
         return Draft(
-            tokens[:keep],
-            parents[:keep],
-            probs[:keep],
-            [SOURCES[i] for i in source_ids[:keep]],
-            match_len,
-            sum(probs[:keep]),
-            conds[:keep],
-            supports[:keep],
+            tokens,
+            parents,
+            probs,
+            [names[i] for i in tree_index],
+            native.match_len,
+            sum(probs),
             key,
             prev,
-            raw["seq_ids"][0] if keep else None,
+            seq_id,
             last_token,
-            backoff[: keep * BACKOFF_ORDERS],
-            recency[:keep],
-            pair_recency[:keep],
-            candidates,
+            native,
             tail,
         )
 
@@ -368,7 +320,7 @@ class Drafter:
             self._rate_cost = self._rate_cost * RATE_DECAY + step_cost
             held: list[_Held] = []
             if draft.key is not None:
-                if n or draft.candidates:  # a step without candidates leaves it as it was
+                if draft.candidates is not None:  # a step without candidates leaves it as it was
                     self._prev[draft.key] = accepted if n else -1
                     self._prev.move_to_end(draft.key)
                     if len(self._prev) > MAX_TRACKED_SESSIONS:
@@ -388,7 +340,7 @@ class Drafter:
                     still_held.append(h)
                     continue
             self._learn(h.draft, len(h.draft.tokens), text, start=h.learned)
-        if n or draft.candidates:
+        if draft.candidates is not None:
             # learned at once as far as known (the calibrator's next choices need it);
             # the rest of a declined tail waits for the text that judges it
             learned = self._learn(draft, accepted, accepted_tokens)
@@ -396,8 +348,8 @@ class Drafter:
             if (
                 draft.key is not None  # a later step of the same session can go on judging it
                 and accepted == n
-                and draft.candidates
                 and past
+                and draft.declined_tokens
                 and not _judged(draft.declined_tokens, past)[1]
             ):
                 still_held.append(_Held(draft, list(accepted_tokens or []), learned))
@@ -414,54 +366,20 @@ class Drafter:
         whole, its declined candidates as far as ``truth`` (the text that followed the
         context) judges them; all but the first ``start`` (learned before). Returns how
         many tokens, drafted and declined, it has now learned."""
+        native = draft.candidates
+        if native is None:
+            return 0
         n = len(draft.tokens)
         if draft.is_path():
             hits = [i < n_accepted for i in range(n)]
         else:
             hits = _on_path(draft, truth or [])
-        conds, supports, parents = list(draft.conds), list(draft.supports), list(draft.parents)
-        sources = [SOURCE_IDS[s] for s in draft.sources]
-        tokens = list(draft.tokens)
-        backoff = list(draft.backoff)
-        recency = list(draft.recency)
-        pair_recency = list(draft.pair_recency)
         if n_accepted == n and truth is not None and len(truth) > n:
-            past_hits = _judged(draft.declined_tokens, truth[n:])[0]
-            c, end = draft.candidates, n + len(past_hits)
-            if c is not None and past_hits:
-                tokens += c.tokens[n:end]
-                conds += c.conds[n:end]
-                supports += c.supports[n:end]
-                sources += c.sources[n:end]
-                parents += range(n - 1, end - 1)
-                backoff += c.backoff[n * BACKOFF_ORDERS : end * BACKOFF_ORDERS]
-                recency += c.recency[n:end]
-                pair_recency += c.pair_recency[n:end]
-                hits += past_hits
-        # a draft built without them
-        if len(backoff) != len(tokens) * BACKOFF_ORDERS:
-            backoff = []
-        if len(recency) != len(tokens):
-            recency = []
-        if len(pair_recency) != len(tokens):
-            pair_recency = []
-        if len(tokens) > start:
-            self.calibrator.observe(
-                conds,
-                supports,
-                parents,
-                sources,
-                draft.match_len,
-                draft.prev,
-                hits,
-                tokens,
-                draft.last_token,
-                backoff,
-                recency,
-                pair_recency,
-                start,
-            )
-        return len(tokens)
+            # the declined candidates continue the path: the native draft holds them next
+            hits += _judged(draft.declined_tokens, truth[n:])[0]
+        if len(hits) > start:
+            self.calibrator.observe_draft(native, draft.prev, draft.last_token, hits, start)
+        return len(hits)
 
     def forget_session(self, namespace: str, session_id: str) -> None:
         with self._lock:

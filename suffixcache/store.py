@@ -162,7 +162,7 @@ class Txn:
         cur = self.txn.cursor(db=self._s._sresp)
         ok = cur.set_range(prefix)
         while ok and cur.key().startswith(prefix):
-            out.append(int.from_bytes(cur.key()[len(prefix):], "big"))
+            out.append(int.from_bytes(cur.key()[len(prefix) :], "big"))
             ok = cur.next()
         return out
 

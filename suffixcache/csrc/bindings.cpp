@@ -1,6 +1,8 @@
 // Python bindings of the suffix-tree core. Argument conversion and validation
 // happen with the GIL held; the tree work itself runs with the GIL released.
 #include <pybind11/pybind11.h>
+#include <algorithm>
+#include <iterator>
 #include <pybind11/stl.h>
 
 #include "calibrator.hpp"
@@ -94,26 +96,197 @@ class PyTree {
 
 }  // namespace
 
-// Content features of draft token i (-1 when the caller passes no tokens): its id
-// and the token before it (its parent's, or the context's last for a root token).
-static int32_t token_at(const std::vector<int32_t>& tokens, size_t i) { return tokens.empty() ? -1 : tokens[i]; }
 static_assert(kNumBackoff == Calibrator::kBackoffValues, "the calibrator reads every backoff estimate");
-static const float* backoff_at(const std::vector<float>& backoff, size_t i) {
-    return backoff.empty() ? nullptr : backoff.data() + i * kNumBackoff;
+
+namespace {
+
+constexpr int32_t kNoRecency = static_cast<int32_t>(std::size(kRecencyWindows));  // in none of the windows
+
+// One draft's calibrator inputs as parallel arrays, borrowed from vectors that outlive
+// it: either Python lists converted by Calibrator.choose/observe, or a NativeDraft's.
+struct FeatureView {
+    size_t n = 0;
+    const double* conds = nullptr;     // raw P(token | parent)
+    const int32_t* supports = nullptr;
+    const int32_t* parents = nullptr;  // pointing backwards (checked where the view is built)
+    const int32_t* sources = nullptr;  // the calibrator's source ids
+    const int32_t* tokens = nullptr;   // nullptr: unknown (no content features)
+    const float* backoff = nullptr;    // kNumBackoff a token; nullptr: unknown
+    const int8_t* recency = nullptr;   // nullptr: unknown
+    const int8_t* pair_recency = nullptr;
+    int32_t match_len = 0;
+    int32_t prev = -1;
+    int32_t last_token = -1;
+
+    TokenFeatures at(size_t i, int32_t depth) const {
+        const int32_t p = parents[i];
+        return {conds[i],
+                supports[i],
+                depth,
+                match_len,
+                sources[i],
+                prev,
+                tokens ? tokens[i] : -1,
+                tokens ? (p < 0 ? last_token : tokens[p]) : -1,
+                backoff ? backoff + i * kNumBackoff : nullptr,
+                recency ? recency[i] : -1,
+                pair_recency ? pair_recency[i] : -1};
+    }
+};
+
+// Cumulative acceptance estimates of a draft and the prefix worth verifying: the one
+// maximising expected tokens - rate * cost(prefix + 1) (see drafter.py).
+std::pair<std::vector<double>, size_t> choose_prefix(const Calibrator& cal, const FeatureView& v,
+                                                     const std::vector<double>& costs, double rate,
+                                                     bool cost_aware) {
+    const size_t n = v.n;
+    if (costs.size() < n + 2) throw py::value_error("cost table too short for the draft");
+    // On a path, once a token's cumulative estimate is below rate times the cheapest
+    // marginal cost, no longer prefix can beat the one ending there (every later token
+    // is likelier still to be rejected and costs at least that much): the rest is not
+    // estimated (probability 0).
+    bool path = cost_aware;
+    double cheapest = 1e300;
+    for (size_t i = 0; i < n && path; ++i) {
+        path = v.parents[i] == static_cast<int32_t>(i) - 1;
+        cheapest = std::min(cheapest, costs[i + 2] - costs[i + 1]);
+    }
+    const double stop_below = path ? rate * cheapest : -1.0;
+    std::vector<double> probs(n, 0.0);
+    std::vector<int32_t> depth(n);
+    for (size_t i = 0; i < n; ++i) {
+        const int32_t p = v.parents[i];
+        depth[i] = p < 0 ? 1 : depth[p] + 1;
+        const double r = cal.estimate(v.at(i, depth[i]));
+        probs[i] = p < 0 ? r : r * probs[p];
+        if (probs[i] < stop_below) break;
+    }
+    size_t keep = n;
+    if (cost_aware) {
+        keep = 0;
+        double expected = 1.0, best = 1.0 - rate * costs[1];
+        for (size_t k = 1; k <= n; ++k) {
+            expected += probs[k - 1];
+            const double value = expected - rate * costs[k + 1];
+            if (value > best) {
+                best = value;
+                keep = k;
+            }
+        }
+    }
+    return {std::move(probs), keep};
 }
-static int32_t recency_at(const std::vector<int32_t>& recency, size_t i) { return recency.empty() ? -1 : recency[i]; }
-static void check_recency(const std::vector<int32_t>& recency, size_t n, const char* name) {
-    if (!recency.empty() && recency.size() != n)
-        throw py::value_error(std::string(name) + " must hold one value per draft token");
+
+// Learns the draft's first hits.size() tokens, but the first `start` (learned before)
+// and those whose parent was rejected (never judged by the verifier).
+void learn_prefix(Calibrator& cal, const FeatureView& v, const std::vector<bool>& hits, int64_t start) {
+    if (start < 0) throw py::value_error("start must be >= 0");
+    if (hits.size() > v.n) throw py::value_error("more hits than draft tokens");
+    std::vector<int32_t> depth(hits.size());
+    for (size_t i = 0; i < hits.size(); ++i) {
+        const int32_t p = v.parents[i];
+        depth[i] = p < 0 ? 1 : depth[p] + 1;
+        if (p >= 0 && !hits[p]) continue;
+        if (static_cast<int64_t>(i) < start) continue;
+        cal.observe(v.at(i, depth[i]), hits[i]);
+    }
 }
-static void check_backoff(const std::vector<float>& backoff, size_t n) {
-    if (!backoff.empty() && backoff.size() != n * kNumBackoff)
-        throw py::value_error("backoff must hold " + std::to_string(kNumBackoff) + " values per draft token");
+
+// Python lists of Calibrator.choose/observe, validated and held for a FeatureView.
+struct ListFeatures {
+    std::vector<int8_t> recency, pair_recency;
+
+    ListFeatures(FeatureView* v, const std::vector<double>& conds, const std::vector<int32_t>& supports,
+                 const std::vector<int32_t>& parents, const std::vector<int32_t>& sources,
+                 const std::vector<int32_t>& tokens, const std::vector<float>& backoff,
+                 const std::vector<int32_t>& recency_in, const std::vector<int32_t>& pair_in) {
+        const size_t n = conds.size();
+        if (supports.size() != n || parents.size() != n || sources.size() != n)
+            throw py::value_error("draft feature lists differ in length");
+        if (!tokens.empty() && tokens.size() != n) throw py::value_error("tokens differ in length from the draft");
+        if (!backoff.empty() && backoff.size() != n * kNumBackoff)
+            throw py::value_error("backoff must hold " + std::to_string(kNumBackoff) + " values per draft token");
+        for (size_t i = 0; i < n; ++i)
+            if (parents[i] >= static_cast<int32_t>(i) || parents[i] < -1)
+                throw py::value_error("parents must point backwards");
+        recency = buckets(recency_in, n, "recency");
+        pair_recency = buckets(pair_in, n, "pair_recency");
+        v->n = n;
+        v->conds = conds.data();
+        v->supports = supports.data();
+        v->parents = parents.data();
+        v->sources = sources.data();
+        v->tokens = tokens.empty() ? nullptr : tokens.data();
+        v->backoff = backoff.empty() ? nullptr : backoff.data();
+        v->recency = recency.empty() ? nullptr : recency.data();
+        v->pair_recency = pair_recency.empty() ? nullptr : pair_recency.data();
+    }
+
+    // The calibrator reads a bucket as unknown below 0 and as "none" above the last
+    // window, so clamping to [-1, kNoRecency] changes nothing it computes.
+    static std::vector<int8_t> buckets(const std::vector<int32_t>& in, size_t n, const char* name) {
+        if (!in.empty() && in.size() != n) throw py::value_error(std::string(name) + " must hold one value per draft token");
+        std::vector<int8_t> out(in.size());
+        for (size_t i = 0; i < in.size(); ++i)
+            out[i] = static_cast<int8_t>(std::clamp<int32_t>(in[i], -1, kNoRecency));
+        return out;
+    }
+};
+
+// A speculate_multi draft kept native for the Drafter: the calibrator reads its
+// features in place, and Python converts only the prefix it keeps (converting every
+// candidate's features to lists and back cost more than the draft itself).
+struct NativeDraft {
+    Draft d;
+    std::vector<double> conds;     // raw P(token | parent): the mixture's probs, divided
+    std::vector<int32_t> kinds;    // per token: the calibrator's id of its source
+    int32_t match_len = 0;         // longest matched suffix over the sources
+
+    FeatureView view(int32_t prev, int32_t last_token) const {
+        FeatureView v;
+        v.n = d.tokens.size();
+        v.conds = conds.data();
+        v.supports = d.counts.data();
+        v.parents = d.parents.data();
+        v.sources = kinds.data();
+        v.tokens = d.tokens.data();
+        v.backoff = d.backoff.empty() ? nullptr : d.backoff.data();
+        v.recency = d.recency.empty() ? nullptr : d.recency.data();
+        v.pair_recency = d.pair_recency.empty() ? nullptr : d.pair_recency.data();
+        v.match_len = match_len;
+        v.prev = prev;
+        v.last_token = last_token;
+        return v;
+    }
+};
+
+// The checked inputs of speculate_multi, shared by its dict and its native form.
+struct MultiArgs {
+    std::vector<SuffixTree*> trees;
+    std::vector<Token> context;
+    SpecParams params;
+};
+
+MultiArgs multi_args(const py::list& trees, const std::vector<double>& weights, const std::vector<int64_t>& tail_seqs,
+                     const py::object& context, int max_tokens, double factor, double offset, double min_prob,
+                     int max_match, bool use_tree, double match_power) {
+    if (trees.size() != weights.size() || trees.size() != tail_seqs.size())
+        throw py::value_error("trees, weights and tail_seqs differ in length");
+    if (trees.size() > 16) throw py::value_error("at most 16 sources");
+    MultiArgs a;
+    for (const py::handle& h : trees) a.trees.push_back(&h.cast<PyTree&>().tree_);
+    for (size_t i = 0; i < a.trees.size(); ++i)
+        for (size_t j = i + 1; j < a.trees.size(); ++j)
+            if (a.trees[i] == a.trees[j]) throw py::value_error("the same tree was passed twice");
+    for (double w : weights)
+        if (!(w >= 0.0) || w > 1e12) throw py::value_error("weights must be finite and >= 0");
+    if (!(match_power >= 0.0) || match_power > 16.0) throw py::value_error("match_power must be in [0, 16]");
+    a.context = to_tokens(context, "context", 0);
+    a.params = make_params(max_tokens, factor, offset, min_prob, max_match, use_tree);
+    return a;
 }
-static int32_t before(const std::vector<int32_t>& tokens, int32_t parent, int32_t last_token) {
-    if (tokens.empty()) return -1;
-    return parent < 0 ? last_token : tokens[static_cast<size_t>(parent)];
-}
+
+}  // namespace
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "Native suffix-tree core of suffixcache (see suffix_tree.hpp for the data structure).";
@@ -211,54 +384,12 @@ PYBIND11_MODULE(_native, m) {
                int32_t prev, const std::vector<double>& costs, double rate, bool cost_aware,
                const std::vector<int32_t>& tokens, int32_t last_token, const std::vector<float>& backoff,
                const std::vector<int32_t>& recency, const std::vector<int32_t>& pair_recency) {
-                const size_t n = conds.size();
-                if (supports.size() != n || parents.size() != n || sources.size() != n)
-                    throw py::value_error("draft feature lists differ in length");
-                if (!tokens.empty() && tokens.size() != n) throw py::value_error("tokens differ in length from the draft");
-                check_backoff(backoff, n);
-                check_recency(recency, n, "recency");
-                check_recency(pair_recency, n, "pair_recency");
-                if (costs.size() < n + 2) throw py::value_error("cost table too short for the draft");
-                for (size_t i = 0; i < n; ++i)
-                    if (parents[i] >= static_cast<int32_t>(i) || parents[i] < -1)
-                        throw py::value_error("parents must point backwards");
-                // On a path, once a token's cumulative estimate is below rate times the
-                // cheapest marginal cost, no longer prefix can beat the one ending there
-                // (every later token is likelier still to be rejected and costs at least
-                // that much): the rest is not estimated (probability 0).
-                bool path = cost_aware;
-                double cheapest = 1e300;
-                for (size_t i = 0; i < n && path; ++i) {
-                    path = parents[i] == static_cast<int32_t>(i) - 1;
-                    cheapest = std::min(cheapest, costs[i + 2] - costs[i + 1]);
-                }
-                const double stop_below = path ? rate * cheapest : -1.0;
-                std::vector<double> probs(n, 0.0);
-                std::vector<int32_t> depth(n);
-                for (size_t i = 0; i < n; ++i) {
-                    const int32_t p = parents[i];
-                    depth[i] = p < 0 ? 1 : depth[p] + 1;
-                    const double r = cal.estimate({conds[i], supports[i], depth[i], match_len, sources[i], prev,
-                                                   token_at(tokens, i), before(tokens, p, last_token),
-                                                   backoff_at(backoff, i), recency_at(recency, i),
-                                                   recency_at(pair_recency, i)});
-                    probs[i] = p < 0 ? r : r * probs[p];
-                    if (probs[i] < stop_below) break;
-                }
-                // Prefix maximising expected tokens - rate * cost(prefix + 1) (see drafter.py).
-                size_t keep = n;
-                if (cost_aware) {
-                    keep = 0;
-                    double expected = 1.0, best = 1.0 - rate * costs[1];
-                    for (size_t k = 1; k <= n; ++k) {
-                        expected += probs[k - 1];
-                        const double value = expected - rate * costs[k + 1];
-                        if (value > best) {
-                            best = value;
-                            keep = k;
-                        }
-                    }
-                }
+                FeatureView v;
+                ListFeatures held(&v, conds, supports, parents, sources, tokens, backoff, recency, pair_recency);
+                v.match_len = match_len;
+                v.prev = prev;
+                v.last_token = last_token;
+                auto [probs, keep] = choose_prefix(cal, v, costs, rate, cost_aware);
                 return py::make_tuple(probs, keep);
             },
             py::arg("conds"), py::arg("supports"), py::arg("parents"), py::arg("sources"), py::arg("match_len"),
@@ -274,56 +405,76 @@ PYBIND11_MODULE(_native, m) {
                int32_t prev, const std::vector<bool>& hits, const std::vector<int32_t>& tokens, int32_t last_token,
                const std::vector<float>& backoff, const std::vector<int32_t>& recency,
                const std::vector<int32_t>& pair_recency, int64_t start) {
-                const size_t n = conds.size();
-                if (start < 0) throw py::value_error("start must be >= 0");
-                if (supports.size() != n || parents.size() != n || sources.size() != n || hits.size() != n)
-                    throw py::value_error("draft feature lists differ in length");
-                if (!tokens.empty() && tokens.size() != n) throw py::value_error("tokens differ in length from the draft");
-                check_backoff(backoff, n);
-                check_recency(recency, n, "recency");
-                check_recency(pair_recency, n, "pair_recency");
-                std::vector<int32_t> depth(n);
-                for (size_t i = 0; i < n; ++i) {
-                    const int32_t p = parents[i];
-                    if (p >= static_cast<int32_t>(i) || p < -1) throw py::value_error("parents must point backwards");
-                    depth[i] = p < 0 ? 1 : depth[p] + 1;
-                    if (p >= 0 && !hits[p]) continue;  // never judged by the verifier
-                    if (static_cast<int64_t>(i) < start) continue;  // learned from before
-                    cal.observe({conds[i], supports[i], depth[i], match_len, sources[i], prev, token_at(tokens, i),
-                                 before(tokens, p, last_token), backoff_at(backoff, i), recency_at(recency, i),
-                                 recency_at(pair_recency, i)},
-                                hits[i]);
-                }
+                FeatureView v;
+                ListFeatures held(&v, conds, supports, parents, sources, tokens, backoff, recency, pair_recency);
+                if (hits.size() != v.n) throw py::value_error("draft feature lists differ in length");
+                v.match_len = match_len;
+                v.prev = prev;
+                v.last_token = last_token;
+                learn_prefix(cal, v, hits, start);
             },
             py::arg("conds"), py::arg("supports"), py::arg("parents"), py::arg("sources"), py::arg("match_len"),
             py::arg("prev"), py::arg("hits"), py::arg("tokens") = std::vector<int32_t>{}, py::arg("last_token") = -1,
             py::arg("backoff") = std::vector<float>{}, py::arg("recency") = std::vector<int32_t>{},
             py::arg("pair_recency") = std::vector<int32_t>{}, py::arg("start") = 0,
             "Learn from a verified draft: hits[i] = token i was accepted (tokens before start: "
-            "already learned, their hits only say which later tokens were judged).");
+            "already learned, their hits only say which later tokens were judged).")
+        .def(
+            "choose_draft",
+            [](const Calibrator& cal, const NativeDraft& nd, int32_t prev, const std::vector<double>& costs,
+               double rate, bool cost_aware, int32_t last_token) {
+                auto [probs, keep] = choose_prefix(cal, nd.view(prev, last_token), costs, rate, cost_aware);
+                probs.resize(keep);
+                return py::make_tuple(probs, keep);
+            },
+            py::arg("draft"), py::arg("prev"), py::arg("costs"), py::arg("rate"), py::arg("cost_aware") = true,
+            py::arg("last_token") = -1,
+            "choose() for a NativeDraft: the kept prefix's cumulative estimates and its length.")
+        .def(
+            "observe_draft",
+            [](Calibrator& cal, const NativeDraft& nd, int32_t prev, int32_t last_token, const std::vector<bool>& hits,
+               int64_t start) { learn_prefix(cal, nd.view(prev, last_token), hits, start); },
+            py::arg("draft"), py::arg("prev"), py::arg("last_token"), py::arg("hits"), py::arg("start") = 0,
+            "observe() for a NativeDraft: learns its first len(hits) tokens (drafted, then declined "
+            "candidates the text judged), but the first start.");
+
+    py::class_<NativeDraft>(m, "NativeDraft",
+                            "A speculate_multi draft with every candidate, kept native (see draft_multi).")
+        .def("__len__", [](const NativeDraft& nd) { return nd.d.tokens.size(); })
+        .def_property_readonly("match_len", [](const NativeDraft& nd) { return nd.match_len; })
+        .def_property_readonly("probs", [](const NativeDraft& nd) { return nd.d.probs; })
+        .def(
+            "tokens",
+            [](const NativeDraft& nd, size_t start) {
+                start = std::min(start, nd.d.tokens.size());
+                return std::vector<Token>(nd.d.tokens.begin() + static_cast<std::ptrdiff_t>(start), nd.d.tokens.end());
+            },
+            py::arg("start") = 0, "The candidate tokens from index start on.")
+        .def(
+            "head",
+            [](const NativeDraft& nd, size_t k) {
+                k = std::min(k, nd.d.tokens.size());
+                const auto end = [k](const auto& v) { return v.begin() + static_cast<std::ptrdiff_t>(k); };
+                py::object seq = k ? py::cast(nd.d.seq_ids[0]) : py::none();
+                return py::make_tuple(std::vector<Token>(nd.d.tokens.begin(), end(nd.d.tokens)),
+                                      std::vector<int32_t>(nd.d.parents.begin(), end(nd.d.parents)),
+                                      std::vector<int32_t>(nd.d.sources.begin(), end(nd.d.sources)), seq);
+            },
+            py::arg("k"),
+            "The first k tokens: (tokens, parents, source indices into the trees passed, "
+            "a sequence holding the first token's path or None).");
 
     m.def(
         "speculate_multi",
         [](const py::list& trees, const std::vector<double>& weights, const std::vector<int64_t>& tail_seqs,
-           const py::object& context, int max_tokens,
-           double factor, double offset, double min_prob, int max_match, bool use_tree, double match_power) {
-            if (trees.size() != weights.size() || trees.size() != tail_seqs.size())
-                throw py::value_error("trees, weights and tail_seqs differ in length");
-            if (trees.size() > 16) throw py::value_error("at most 16 sources");
-            std::vector<SuffixTree*> ptrs;
-            for (const py::handle& h : trees) ptrs.push_back(&h.cast<PyTree&>().tree_);
-            for (size_t i = 0; i < ptrs.size(); ++i)
-                for (size_t j = i + 1; j < ptrs.size(); ++j)
-                    if (ptrs[i] == ptrs[j]) throw py::value_error("the same tree was passed twice");
-            for (double w : weights)
-                if (!(w >= 0.0) || w > 1e12) throw py::value_error("weights must be finite and >= 0");
-            if (!(match_power >= 0.0) || match_power > 16.0) throw py::value_error("match_power must be in [0, 16]");
-            std::vector<Token> ctx = to_tokens(context, "context", 0);
-            SpecParams p = make_params(max_tokens, factor, offset, min_prob, max_match, use_tree);
+           const py::object& context, int max_tokens, double factor, double offset, double min_prob, int max_match,
+           bool use_tree, double match_power) {
+            MultiArgs a = multi_args(trees, weights, tail_seqs, context, max_tokens, factor, offset, min_prob,
+                                     max_match, use_tree, match_power);
             Draft d;
             {
                 py::gil_scoped_release release;
-                d = speculate_multi(ptrs, weights, tail_seqs, ctx, p, match_power);
+                d = speculate_multi(a.trees, weights, tail_seqs, a.context, a.params, match_power);
             }
             return draft_to_dict(std::move(d));
         },
@@ -331,4 +482,36 @@ PYBIND11_MODULE(_native, m) {
         py::arg("max_spec_factor") = 1.0, py::arg("max_spec_offset") = 0.0, py::arg("min_token_prob") = 0.1,
         py::arg("max_match") = 0, py::arg("use_tree") = false, py::arg("match_power") = 1.0,
         "Draft from several trees at once (a mixture of their continuations).");
+
+    m.def(
+        "draft_multi",
+        [](const py::list& trees, const std::vector<int32_t>& kinds, const std::vector<double>& weights,
+           const std::vector<int64_t>& tail_seqs, const py::object& context, int max_tokens, double factor,
+           double offset, double min_prob, int max_match, bool use_tree, double match_power) {
+            if (kinds.size() != trees.size()) throw py::value_error("one source kind per tree");
+            MultiArgs a = multi_args(trees, weights, tail_seqs, context, max_tokens, factor, offset, min_prob,
+                                     max_match, use_tree, match_power);
+            NativeDraft nd;
+            {
+                py::gil_scoped_release release;
+                nd.d = speculate_multi(a.trees, weights, tail_seqs, a.context, a.params, match_power);
+                const Draft& d = nd.d;
+                const size_t n = d.tokens.size();
+                nd.conds.resize(n);
+                nd.kinds.resize(n);
+                for (size_t i = 0; i < n; ++i) {
+                    const int32_t p = d.parents[i];
+                    nd.conds[i] = p >= 0 && d.probs[p] > 0.0 ? d.probs[i] / d.probs[p] : d.probs[i];
+                    nd.kinds[i] = kinds[d.sources[i]];
+                }
+                for (int32_t m : d.match_lens) nd.match_len = std::max(nd.match_len, m);
+            }
+            return nd;
+        },
+        py::arg("trees"), py::arg("kinds"), py::arg("weights"), py::arg("tail_seqs"), py::arg("context"),
+        py::arg("max_tokens") = 32, py::arg("max_spec_factor") = 1.0, py::arg("max_spec_offset") = 0.0,
+        py::arg("min_token_prob") = 0.1, py::arg("max_match") = 0, py::arg("use_tree") = false,
+        py::arg("match_power") = 1.0,
+        "speculate_multi as a NativeDraft, for Calibrator.choose_draft/observe_draft; kinds: the "
+        "calibrator's source id of each tree.");
 }
