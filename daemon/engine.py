@@ -233,7 +233,10 @@ def _accepted_along(draft: Any, appended: Sequence[int]) -> int:
     if not tokens or not appended:
         return 0
     parents = getattr(draft, "parents", None) or []
-    if len(parents) != len(tokens) or all(p == i - 1 for i, p in enumerate(parents)):
+    is_path = getattr(draft, "is_path", None)  # a suffixcache Draft knows (and caches) it
+    if len(parents) != len(tokens) or (
+        is_path() if is_path is not None else all(p == i - 1 for i, p in enumerate(parents))
+    ):
         # A path draft (the usual case): the common prefix.
         n = 0
         for a, b in zip(tokens, appended, strict=False):
