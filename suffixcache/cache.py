@@ -58,18 +58,19 @@ class DraftSources:
         self._held = 0
 
     def __enter__(self) -> list[tuple[str, SuffixTree, int]]:
+        # __exit__ runs only if __enter__ returns: on any failure here, release at once
         try:
             for _, locked in self._named:
                 locked.lock.acquire()
                 self._held += 1
+            return [
+                (name, locked.tree, SESSION_SEQ if name == "session" else -1)
+                for name, locked in self._named
+                if locked.tree.num_tokens > 0
+            ]
         except BaseException:
             self._release()
             raise
-        return [
-            (name, locked.tree, SESSION_SEQ if name == "session" else -1)
-            for name, locked in self._named
-            if locked.tree.num_tokens > 0
-        ]
 
     def __exit__(self, *exc_info: object) -> None:
         self._release()

@@ -265,3 +265,24 @@ def test_draft_names_the_sequence_it_follows() -> None:
     draft = drafter.propose("ns", None, [1, 2, 3])
     assert draft.source == "corpus" and draft.seq_id == 42
     assert drafter.propose("ns", None, [8, 8]).seq_id is None
+
+
+def test_draft_sources_hold_their_locks_only_inside_the_block() -> None:
+    cache = SuffixCache()
+    cache.open_session("ns", "s", [1, 2, 3])
+    cache.add_response("ns", 1, [1, 2, 4])
+    ns = cache.namespace("ns")
+    locks = [ns.sessions["s"].lock, ns.global_tree.lock, ns.corpus_tree.lock]
+    with cache.draft_sources("ns", "s") as sources:
+        # the empty corpus tree is locked but not offered
+        assert [name for name, _, _ in sources] == ["session", "global"]
+        assert all(lock.locked() for lock in locks)
+    assert not any(lock.locked() for lock in locks)
+    with pytest.raises(RuntimeError), cache.draft_sources("ns", "s"):
+        raise RuntimeError("the drafting failed")
+    assert not any(lock.locked() for lock in locks)
+    with pytest.raises(KeyError, match="no session"):
+        cache.draft_sources("ns", "unknown")
+    assert not any(lock.locked() for lock in locks)
+    with cache.draft_sources("other", None) as sources:  # an unknown namespace has none
+        assert sources == []
