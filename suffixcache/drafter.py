@@ -114,15 +114,19 @@ class Draft:
     # the same session continues this one (the text after the cut is then known)
     context_tail: Sequence[int] = field(default=(), repr=False)
     _path: bool | None = field(default=None, init=False, repr=False, compare=False)
+    _declined: list[int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def declined_tokens(self) -> list[int]:
         """The candidate tokens the length rule declined (a path draft's only: a tree's
         declined branches are not a continuation of it)."""
-        c = self.candidates
-        if c is None or len(c) == len(self.tokens) or not self.is_path():
-            return []
-        return c.tokens(len(self.tokens))
+        if self._declined is None:  # read once per step and per held draft: converted once
+            c = self.candidates
+            if c is None or len(c) == len(self.tokens) or not self.is_path():
+                self._declined = []
+            else:
+                self._declined = c.tokens(len(self.tokens))
+        return self._declined
 
     @property
     def source(self) -> str:

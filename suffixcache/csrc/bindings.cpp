@@ -199,7 +199,8 @@ struct ListFeatures {
     ListFeatures(FeatureView* v, const std::vector<double>& conds, const std::vector<int32_t>& supports,
                  const std::vector<int32_t>& parents, const std::vector<int32_t>& sources,
                  const std::vector<int32_t>& tokens, const std::vector<float>& backoff,
-                 const std::vector<int32_t>& recency_in, const std::vector<int32_t>& pair_in) {
+                 const std::vector<int32_t>& recency_in, const std::vector<int32_t>& pair_in, int32_t match_len,
+                 int32_t prev, int32_t last_token) {
         const size_t n = conds.size();
         if (supports.size() != n || parents.size() != n || sources.size() != n)
             throw py::value_error("draft feature lists differ in length");
@@ -220,6 +221,9 @@ struct ListFeatures {
         v->backoff = backoff.empty() ? nullptr : backoff.data();
         v->recency = recency.empty() ? nullptr : recency.data();
         v->pair_recency = pair_recency.empty() ? nullptr : pair_recency.data();
+        v->match_len = match_len;
+        v->prev = prev;
+        v->last_token = last_token;
     }
 
     // The calibrator reads a bucket as unknown below 0 and as "none" above the last
@@ -385,10 +389,8 @@ PYBIND11_MODULE(_native, m) {
                const std::vector<int32_t>& tokens, int32_t last_token, const std::vector<float>& backoff,
                const std::vector<int32_t>& recency, const std::vector<int32_t>& pair_recency) {
                 FeatureView v;
-                ListFeatures held(&v, conds, supports, parents, sources, tokens, backoff, recency, pair_recency);
-                v.match_len = match_len;
-                v.prev = prev;
-                v.last_token = last_token;
+                ListFeatures held(&v, conds, supports, parents, sources, tokens, backoff, recency, pair_recency,
+                                  match_len, prev, last_token);
                 auto [probs, keep] = choose_prefix(cal, v, costs, rate, cost_aware);
                 return py::make_tuple(probs, keep);
             },
@@ -406,11 +408,9 @@ PYBIND11_MODULE(_native, m) {
                const std::vector<float>& backoff, const std::vector<int32_t>& recency,
                const std::vector<int32_t>& pair_recency, int64_t start) {
                 FeatureView v;
-                ListFeatures held(&v, conds, supports, parents, sources, tokens, backoff, recency, pair_recency);
+                ListFeatures held(&v, conds, supports, parents, sources, tokens, backoff, recency, pair_recency,
+                                  match_len, prev, last_token);
                 if (hits.size() != v.n) throw py::value_error("draft feature lists differ in length");
-                v.match_len = match_len;
-                v.prev = prev;
-                v.last_token = last_token;
                 learn_prefix(cal, v, hits, start);
             },
             py::arg("conds"), py::arg("supports"), py::arg("parents"), py::arg("sources"), py::arg("match_len"),
