@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .client import Client, Session
+from .client import Client, Session, Stepper
 from .errors import (
     AlreadyExistsError,
     DeadlineExceededError,
@@ -22,20 +22,20 @@ from .errors import (
 from .types import AppendResult, Draft, SessionInfo
 
 __all__ = [
-    "AlreadyExistsError", "AppendResult", "AsyncClient", "Client", "DeadlineExceededError",
-    "Draft", "FailedPreconditionError", "InternalError", "InvalidArgumentError",
-    "NotFoundError", "PermissionDeniedError", "ResourceExhaustedError", "Session",
-    "SessionInfo", "SuffixDraftModel", "SuffixdError", "UnauthenticatedError",
-    "UnavailableError",
+    "AlreadyExistsError", "AppendResult", "AsyncClient", "AsyncSession", "AsyncStepper",
+    "Client", "DeadlineExceededError", "Draft", "FailedPreconditionError", "InternalError",
+    "InvalidArgumentError", "NotFoundError", "PermissionDeniedError",
+    "ResourceExhaustedError", "Session", "SessionInfo", "Stepper", "SuffixDraftModel",
+    "SuffixdError", "UnauthenticatedError", "UnavailableError",
 ]
 
 
 def __getattr__(name: str) -> Any:
     # Loaded on first use: grpc.aio and llama_cpp are not needed by every user.
-    if name == "AsyncClient":
-        from .aio import AsyncClient
+    if name in ("AsyncClient", "AsyncSession", "AsyncStepper"):
+        from . import aio
 
-        return AsyncClient
+        return getattr(aio, name)
     if name == "SuffixDraftModel":
         from .draft_model import SuffixDraftModel
 

@@ -26,19 +26,17 @@ import grpc
 from suffixd.v1 import suffixd_pb2 as pb
 from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
 
+from . import requests as rq
 from .errors import InternalError, UnavailableError, from_rpc_error
 from .generate import GenerateMixin
+from .requests import DEFAULT_COST_PROFILE, CostProfileLike
 from .types import (
-    KINDS,
     AppendResult,
     Draft,
     SessionInfo,
     StepperState,
-    append_request,
-    content,
     default_target,
     message_to_dict,
-    speculate_request,
 )
 
 T = TypeVar("T")
@@ -88,10 +86,12 @@ class Stepper(StepperState):
         namespace: str,
         session_id: str,
         max_tokens: int | None = None,
-        cost_profile: Mapping[int, float] | None = None,
+        cost_profile: CostProfileLike = None,
         defer_commit: bool = False,
     ) -> None:
-        super().__init__(namespace, session_id, max_tokens, cost_profile, defer_commit)
+        super().__init__(namespace, session_id, max_tokens,
+                         client.cost_profile if cost_profile is None else cost_profile,
+                         defer_commit)
         # The stream's request iterator: gRPC's sending thread blocks on this queue; None
         # half-closes the stream.
         self._requests: queue.SimpleQueue[pb.StepRequest | None] = queue.SimpleQueue()
@@ -181,16 +181,19 @@ class Session:
         self,
         context: Sequence[int] | None = None,
         max_tokens: int | None = None,
-        cost_profile: Mapping[int, float] | None = None,
+        cost_profile: CostProfileLike = None,
     ) -> Draft:
+        """A draft continuing the session's tail (or ``context``), sized for the verifier
+        ``cost_profile`` describes (None: the client's, see Client)."""
         return self.client.speculate(self.namespace, self.id, context, max_tokens, cost_profile)
 
     def step(self, accepted_tokens: Sequence[int], max_tokens: int | None = None,
-             final: bool = False) -> Draft:
-        return self.client.step(self.namespace, self.id, accepted_tokens, max_tokens, final)
+             final: bool = False, cost_profile: CostProfileLike = None) -> Draft:
+        return self.client.step(self.namespace, self.id, accepted_tokens, max_tokens, final,
+                                cost_profile)
 
     def stepper(self, max_tokens: int | None = None,
-                cost_profile: Mapping[int, float] | None = None,
+                cost_profile: CostProfileLike = None,
                 defer_commit: bool = False) -> Stepper:
         """The session's decoding loop on one stream (see Stepper)."""
         return self.client.stepper(self.namespace, self.id, max_tokens, cost_profile,
@@ -214,6 +217,15 @@ class Session:
 
 
 class Client(GenerateMixin):  # generate(): client/generate.py
+    """A connection to the daemon.
+
+    ``cost_profile``: the cost of verifying k draft tokens on the caller's verifier,
+    relative to one token; drafts are sized for it (see requests.CostProfileLike). The
+    default "flat" suits a GPU verifier and any verifier suffixd cannot see; pass "cpu"
+    or measured points ({1: 1.0, 8: 2.5, ...}) for a CPU verifier, or "daemon" for the
+    daemon's own drafter (tuned to its colocated model). Each call may override it.
+    """
+
     def __init__(
         self,
         target: str | None = None,
@@ -225,7 +237,10 @@ class Client(GenerateMixin):  # generate(): client/generate.py
         root_certificates: bytes | None = None,
         tls: bool = False,
         max_message_bytes: int = 16 << 20,
+        cost_profile: CostProfileLike = DEFAULT_COST_PROFILE,
     ) -> None:
+        rq.resolve_cost_profile(cost_profile)  # a bad one fails here, not at each call
+        self.cost_profile = cost_profile
         self.target = default_target(target)
         self.timeout = timeout
         self.retries = retries
@@ -299,10 +314,7 @@ class Client(GenerateMixin):  # generate(): client/generate.py
         tokens: Sequence[int] | None = None,
         text: str | None = None,
     ) -> SessionInfo:
-        req = pb.OpenSessionRequest(namespace=namespace, session_id=session_id or "",
-                                    metadata=dict(metadata or {}))
-        if tokens is not None or text is not None:
-            content(req, tokens, text)
+        req = rq.open_session_request(namespace, session_id, metadata, tokens, text)
         # Not retried: a lost reply would turn into ALREADY_EXISTS on the retry.
         return SessionInfo.from_pb(self.call(self.stub.OpenSession, req, retry=False))
 
@@ -321,18 +333,16 @@ class Client(GenerateMixin):  # generate(): client/generate.py
 
     def close_session(self, namespace: str, session_id: str, keep_responses: bool = True
                       ) -> dict[str, Any]:
-        req = pb.CloseSessionRequest(namespace=namespace, session_id=session_id,
-                                     keep_responses=keep_responses)
+        req = rq.close_session_request(namespace, session_id, keep_responses)
         return message_to_dict(self.call(self.stub.CloseSession, req))
 
     def list_sessions(self, namespace: str | None = None) -> list[SessionInfo]:
-        resp = self.call(self.stub.ListSessions, pb.ListSessionsRequest(namespace=namespace or ""))
+        resp = self.call(self.stub.ListSessions, rq.list_sessions_request(namespace))
         return [SessionInfo.from_pb(s) for s in resp.sessions]
 
     def describe_session(self, namespace: str, session_id: str, include_counters: bool = False
                          ) -> SessionInfo:
-        req = pb.DescribeSessionRequest(namespace=namespace, session_id=session_id,
-                                        include_counters=include_counters)
+        req = rq.describe_session_request(namespace, session_id, include_counters)
         return SessionInfo.from_pb(self.call(self.stub.DescribeSession, req))
 
     # -- ingest ----------------------------------------------------------------
@@ -346,16 +356,13 @@ class Client(GenerateMixin):  # generate(): client/generate.py
         kind: str = "prompt",
     ) -> AppendResult:
         """Append to a session; returns once the daemon committed it durably."""
-        req = append_request(namespace, session_id, kind, tokens, text)
+        req = rq.append_request(namespace, session_id, kind, tokens, text)
         r = self.call(self.stub.Append, req)
         return AppendResult(r.appended, r.session_tokens, r.accepted, list(r.ids))
 
     def append_batch(self, items: Iterable[tuple[str, str, str, Sequence[int]]]) -> dict[str, int]:
         """Items (namespace, session_id, kind, tokens), applied in order, committed together."""
-        req = pb.AppendBatchRequest(
-            items=[append_request(ns, sid, kind, toks, None) for ns, sid, kind, toks in items]
-        )
-        r = self.call(self.stub.AppendBatch, req)
+        r = self.call(self.stub.AppendBatch, rq.append_batch_request(items))
         return {"items": r.items, "tokens": r.tokens}
 
     def ingest_stream(self, requests: Iterable[pb.AppendRequest]) -> dict[str, int]:
@@ -373,9 +380,12 @@ class Client(GenerateMixin):  # generate(): client/generate.py
         session_id: str | None = None,
         context: Sequence[int] | None = None,
         max_tokens: int | None = None,
-        cost_profile: Mapping[int, float] | None = None,
+        cost_profile: CostProfileLike = None,
     ) -> Draft:
-        req = speculate_request(namespace, session_id, context, max_tokens, cost_profile)
+        """A draft continuing ``context`` (default: the session's tail), sized for the
+        verifier ``cost_profile`` describes (None: this client's, see Client)."""
+        req = rq.speculate_request(namespace, session_id, context, max_tokens,
+                                   self.cost_profile if cost_profile is None else cost_profile)
         return Draft.from_pb(self.call(self.stub.Speculate, req))
 
     def step(
@@ -385,14 +395,15 @@ class Client(GenerateMixin):  # generate(): client/generate.py
         accepted_tokens: Sequence[int],
         max_tokens: int | None = None,
         final: bool = False,
+        cost_profile: CostProfileLike = None,
     ) -> Draft:
         """One decoding step in one round trip: append the tokens the verifier produced
         (durably; kind "generated", or "response" when ``final``), then draft from the
         session's new tail. ``draft.accepted`` tells how many of the previous draft's
         tokens the appended ones matched."""
-        req = speculate_request(namespace, session_id, None, max_tokens, None)
-        req.append.ids.extend(accepted_tokens)
-        req.append_kind = KINDS["response" if final else "generated"]
+        req = rq.step_speculate_request(
+            namespace, session_id, accepted_tokens, max_tokens, final,
+            self.cost_profile if cost_profile is None else cost_profile)
         return Draft.from_pb(self.call(self.stub.Speculate, req))
 
     def stepper(
@@ -400,7 +411,7 @@ class Client(GenerateMixin):  # generate(): client/generate.py
         namespace: str,
         session_id: str,
         max_tokens: int | None = None,
-        cost_profile: Mapping[int, float] | None = None,
+        cost_profile: CostProfileLike = None,
         defer_commit: bool = False,
     ) -> Stepper:
         """A decoding loop on one SpeculateStream: ``with client.stepper(ns, sid) as st:
@@ -414,8 +425,7 @@ class Client(GenerateMixin):  # generate(): client/generate.py
         include_sessions: bool = False,
         top_documents: int = 10,
     ) -> dict[str, Any]:
-        req = pb.StatsRequest(namespace=namespace or "", session_id=session_id or "",
-                              include_sessions=include_sessions, top_documents=top_documents)
+        req = rq.stats_request(namespace, session_id, include_sessions, top_documents)
         return message_to_dict(self.call(self.stub.Stats, req))
 
     def health(self, service: str = "") -> str:

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from suffixd.v1 import suffixd_pb2 as pb
 
-KINDS = {
-    "prompt": pb.KIND_PROMPT,
-    "tool": pb.KIND_TOOL,
-    "response": pb.KIND_RESPONSE,
-    "generated": pb.KIND_GENERATED,
-}
+# The request builders live in requests.py; these names stay importable from here.
+from .requests import (  # noqa: F401
+    KINDS,
+    CostProfileLike,
+    append_request,
+    content,
+    speculate_request,
+    step_request,
+)
 
 
 @dataclass
@@ -104,79 +107,12 @@ def message_to_dict(m: Any) -> dict[str, Any]:
     return out
 
 
-def content(msg: Any, tokens: Sequence[int] | None, text: str | None) -> None:
-    if (tokens is None) == (text is None):
-        raise ValueError("give exactly one of tokens or text")
-    if text is not None:
-        msg.text = text
-    else:
-        msg.tokens.ids.extend(tokens)  # type: ignore[arg-type]
-
-
-def append_request(
-    namespace: str, session_id: str, kind: str, tokens: Sequence[int] | None, text: str | None
-) -> pb.AppendRequest:
-    try:
-        k = KINDS[kind]
-    except KeyError:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}") from None
-    req = pb.AppendRequest(namespace=namespace, session_id=session_id, kind=k)
-    content(req, tokens, text)
-    return req
-
-
-def speculate_request(
-    namespace: str,
-    session_id: str | None,
-    context: Sequence[int] | None,
-    max_tokens: int | None,
-    cost_profile: Mapping[int, float] | None,
-) -> pb.SpeculateRequest:
-    req = pb.SpeculateRequest(namespace=namespace, session_id=session_id or "",
-                              max_tokens=max_tokens or 0)
-    if context is not None:
-        req.context.ids.extend(context)
-    if cost_profile:
-        req.cost_profile.k.extend(int(k) for k in cost_profile)
-        req.cost_profile.cost.extend(float(v) for v in cost_profile.values())
-    return req
-
-
-def step_request(
-    namespace: str,
-    session_id: str,
-    first: bool,
-    accepted_tokens: Sequence[int],
-    max_tokens: int | None,
-    cost_profile: Mapping[int, float] | None,
-    kind: str,
-    draft: bool,
-    defer_commit: bool,
-) -> pb.StepRequest:
-    """One SpeculateStream message; the session is named in the first message only."""
-    try:
-        k = KINDS[kind]
-    except KeyError:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}") from None
-    req = pb.StepRequest(append=accepted_tokens, max_tokens=max_tokens or 0,
-                         no_draft=not draft, defer_commit=defer_commit)
-    if first:
-        req.namespace = namespace
-        req.session_id = session_id
-    if k != pb.KIND_GENERATED:
-        req.append_kind = k
-    if cost_profile:
-        req.cost_profile.k.extend(int(k) for k in cost_profile)
-        req.cost_profile.cost.extend(float(v) for v in cost_profile.values())
-    return req
-
-
 class StepperState:
     """What a stepper (sync or asyncio) keeps between messages: the session it works on,
     its defaults, and whether the next message must name the session."""
 
     def __init__(self, namespace: str, session_id: str, max_tokens: int | None,
-                 cost_profile: Mapping[int, float] | None, defer_commit: bool) -> None:
+                 cost_profile: CostProfileLike, defer_commit: bool) -> None:
         self.namespace = namespace
         self.session_id = session_id
         self.max_tokens = max_tokens

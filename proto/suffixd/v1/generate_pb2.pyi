@@ -11,7 +11,7 @@ class GeneratorStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GeneratorStatusResponse(_message.Message):
-    __slots__ = ("loaded", "model", "cost_profile", "batch_padding", "draft_model")
+    __slots__ = ("loaded", "model", "cost_profile", "batch_padding", "draft_model", "phase", "phase_seconds")
     class CostProfileEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -31,12 +31,16 @@ class GeneratorStatusResponse(_message.Message):
     COST_PROFILE_FIELD_NUMBER: _ClassVar[int]
     BATCH_PADDING_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     loaded: bool
     model: str
     cost_profile: _containers.ScalarMap[int, float]
     batch_padding: _containers.ScalarMap[int, int]
     draft_model: str
-    def __init__(self, loaded: _Optional[bool] = ..., model: _Optional[str] = ..., cost_profile: _Optional[_Mapping[int, float]] = ..., batch_padding: _Optional[_Mapping[int, int]] = ..., draft_model: _Optional[str] = ...) -> None: ...
+    phase: str
+    phase_seconds: float
+    def __init__(self, loaded: _Optional[bool] = ..., model: _Optional[str] = ..., cost_profile: _Optional[_Mapping[int, float]] = ..., batch_padding: _Optional[_Mapping[int, int]] = ..., draft_model: _Optional[str] = ..., phase: _Optional[str] = ..., phase_seconds: _Optional[float] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
