@@ -28,6 +28,10 @@ import click
               default=None,
               help="A small GGUF with the target's vocabulary, drafting when the trees have "
                    "nothing (used only while measured to beat plain decoding).")
+@click.option("--model-load", type=click.Choice(["startup", "first-use"]), default="startup",
+              show_default=True, envvar="SUFFIXD_MODEL_LOAD", show_envvar=True,
+              help="Load the verifier and measure its costs in the background once serving "
+                   "(~20 s of CPU on 2 cores), or on the first generate.")
 @click.option("--workers", type=int, default=32, show_default=True, help="RPC worker threads.")
 @click.option("--global-budget-tokens", type=int, default=4_000_000, show_default=True,
               help="Tokens kept in each namespace's global tree (oldest responses evicted).")
@@ -56,6 +60,7 @@ def serve(
     tls_key: Path | None,
     model: str,
     draft_model: Path | None,
+    model_load: str,
     workers: int,
     global_budget_tokens: int,
     max_sessions: int,
@@ -95,7 +100,8 @@ def serve(
         background_rebuild=rebuild == "background",
         extra={
             key: value
-            for key, value in (("metrics_addr", metrics_addr), ("draft_model", draft_model))
+            for key, value in (("metrics_addr", metrics_addr), ("draft_model", draft_model),
+                               ("model_load", model_load))
             if value
         },
     )

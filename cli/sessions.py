@@ -3,33 +3,33 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import click
-
-_address = click.option("--address", envvar="SUFFIXD_ADDRESS", default=None, show_envvar=True,
-                        help="unix:PATH or HOST:PORT [default: the default data dir's socket].")
-_token = click.option("--auth-token", envvar="SUFFIXD_AUTH_TOKEN", default=None,
-                      show_envvar=True, help="Bearer token (TCP).")
+from suffixd.cli.common import connection_options
 
 
-def _client(address: str | None, token: str | None) -> Any:
-    from suffixd.client import Client
+def _client(address: str | None, socket_path: str | None, data_dir: str | None,
+            token: str | None) -> Any:
+    from suffixd.cli.common import connect
 
-    return Client(address, token=token or None, retries=2, timeout=10)
+    return connect(address, socket_path, data_dir, token, retries=2, timeout=10)
 
 
-def _run(fn: Callable[[], Any]) -> Any:
+def _run(fn: Callable[[Any], Any], address: str | None, socket_path: str | None,
+         data_dir: str | None, token: str | None) -> Any:
+    from suffixd.cli.common import fail
     from suffixd.client import SuffixdError
 
+    client = _client(address, socket_path, data_dir, token)
     try:
-        return fn()
+        return fn(client)
     except SuffixdError as exc:
-        click.echo(f"suffixd: error: {exc.details} ({exc.code.name})", err=True)
-        sys.exit(1)
+        fail(exc, client.target)
+    finally:
+        client.close()
 
 
 def _ago(ts: float) -> str:
@@ -45,12 +45,12 @@ def sessions() -> None:
 @sessions.command("list")
 @click.option("--namespace", "-n", default=None, help="Only this namespace.")
 @click.option("--json", "as_json", is_flag=True, help="JSON for machines.")
-@_address
-@_token
-def list_(namespace: str | None, as_json: bool, address: str | None, auth_token: str | None
-          ) -> None:
+@connection_options
+def list_(namespace: str | None, as_json: bool, address: str | None, socket_path: str | None,
+          data_dir: str | None, auth_token: str | None) -> None:
     """List open sessions."""
-    rows = _run(lambda: _client(address, auth_token).list_sessions(namespace))
+    rows = _run(lambda c: c.list_sessions(namespace), address, socket_path, data_dir,
+                auth_token)
     if as_json:
         click.echo(json.dumps([r.__dict__ for r in rows], indent=1))
         return
@@ -67,13 +67,12 @@ def list_(namespace: str | None, as_json: bool, address: str | None, auth_token:
 @click.argument("namespace")
 @click.argument("session_id")
 @click.option("--json", "as_json", is_flag=True)
-@_address
-@_token
+@connection_options
 def show(namespace: str, session_id: str, as_json: bool, address: str | None,
-         auth_token: str | None) -> None:
+         socket_path: str | None, data_dir: str | None, auth_token: str | None) -> None:
     """Show one session and its counters."""
-    info = _run(lambda: _client(address, auth_token).describe_session(namespace, session_id,
-                                                                      True))
+    info = _run(lambda c: c.describe_session(namespace, session_id, True), address,
+                socket_path, data_dir, auth_token)
     if as_json:
         click.echo(json.dumps(info.__dict__, indent=1))
         return
@@ -92,12 +91,12 @@ def show(namespace: str, session_id: str, as_json: bool, address: str | None,
 @click.argument("session_id")
 @click.option("--drop-responses", is_flag=True,
               help="Remove the session's responses from the global tree too.")
-@_address
-@_token
+@connection_options
 def close(namespace: str, session_id: str, drop_responses: bool, address: str | None,
-          auth_token: str | None) -> None:
+          socket_path: str | None, data_dir: str | None, auth_token: str | None) -> None:
     """Close a session (its responses stay in the global tree unless --drop-responses)."""
-    r = _run(lambda: _client(address, auth_token).close_session(
-        namespace, session_id, keep_responses=not drop_responses))
+    r = _run(lambda c: c.close_session(namespace, session_id,
+                                       keep_responses=not drop_responses),
+             address, socket_path, data_dir, auth_token)
     click.echo(f"closed {namespace}/{session_id}: {r['tokens']} tokens, "
                f"{r['responses_kept']} responses kept")

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 import grpc
-from suffixd.cli.warm import connect, connection_options, describe_error
+from suffixd.cli.common import connect, connection_options, fail
 from suffixd.client.errors import SuffixdError
 
 SOURCES = ("session", "global", "corpus", "draft_model", "none")
@@ -129,8 +129,8 @@ def _counter_lines(e: Mapping[str, Any], indent: str = "  ") -> list[str]:
     hr = e["hit_rate"]
     su = e["estimated_speedup"]
     lines = [
-        f"{indent}requests {e['requests']:,}   steps {e['steps']:,}   "
-        f"generated tokens {e['generated_tokens']:,}",
+        f"{indent}requests {e['requests']:,}   speculate calls {e['speculate_calls']:,}   "
+        f"steps {e['steps']:,}   generated tokens {e['generated_tokens']:,}",
         f"{indent}draft tokens proposed {e['draft_tokens_proposed']:,}   accepted "
         f"{e['draft_tokens_accepted']:,}   acceptance {_pct(e['acceptance_rate']).strip()}   "
         f"mean accepted/step {e['mean_accepted_per_step']:.2f}",
@@ -232,10 +232,22 @@ def _generator_status(client: Any) -> dict[str, Any] | None:
     }
 
 
+class UnknownNamespace(click.ClickException):
+    pass
+
+
 def collect(client: Any, namespace: str | None, session_id: str | None, top: int,
             all_sessions: bool) -> dict[str, Any]:
     resp = client.stats(namespace, session_id, include_sessions=all_sessions,
                         top_documents=top)
+    if namespace:
+        # The daemon answers a namespace it never saw with zeros; a typo should not read
+        # as "nothing happened yet".
+        known = [ns["namespace"] for ns in client.stats(top_documents=1)["namespaces"]]
+        if namespace not in known:
+            raise UnknownNamespace(
+                f"unknown namespace {namespace!r}: nothing was ingested or asked there "
+                f"(known: {', '.join(sorted(known)) or 'none yet'})")
     names = [ns["namespace"] for ns in resp.get("namespaces", [])]
     report = summarize(resp, _corpus_file_counts(client, names))
     report["generator"] = _generator_status(client)
@@ -278,7 +290,7 @@ def stats(
     """
     if session_id and not namespace:
         raise click.UsageError("--session needs --namespace")
-    client = connect(address, socket_path, data_dir, auth_token)
+    client = connect(address, socket_path, data_dir, auth_token, max_message_bytes=64 << 20)
     tty = sys.stdout.isatty()
     try:
         while True:
@@ -300,6 +312,6 @@ def stats(
     except KeyboardInterrupt:
         return
     except (grpc.RpcError, SuffixdError) as exc:
-        raise click.ClickException(describe_error(exc, client.target)) from None
+        fail(exc, client.target)
     finally:
         client.close()

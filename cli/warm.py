@@ -20,6 +20,10 @@ from typing import Any
 
 import click
 import grpc
+
+# connection_options, describe_error, resolve_target: shared with the other client
+# commands (cli/common.py), still importable from here.
+from suffixd.cli.common import connection_options, describe_error, resolve_target  # noqa: F401
 from suffixd.client.errors import SuffixdError
 from suffixd.daemon.corpus import (
     CorpusFile,
@@ -42,51 +46,11 @@ _MAX_MSG = 64 << 20
 # --------------------------------------------------------------------------- connecting
 
 
-def resolve_target(address: str | None, socket: str | None, data_dir: str | None) -> str | None:
-    """--address, else --socket, else --data-dir's socket; None lets the Client decide
-    ($SUFFIXD_ADDRESS, else the default data dir's socket)."""
-    if address:
-        return address
-    if socket:
-        return "unix:" + os.path.abspath(socket)
-    if data_dir:
-        from suffixd.daemon.config import default_socket_path
-
-        return "unix:" + str(default_socket_path(Path(data_dir).absolute()))
-    return None
-
-
 def connect(address: str | None, socket: str | None, data_dir: str | None,
             token: str | None) -> Any:
-    from suffixd.client import Client
+    from suffixd.cli.common import connect as _connect
 
-    return Client(resolve_target(address, socket, data_dir), token=token,
-                  max_message_bytes=_MAX_MSG)
-
-
-def connection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--address/--socket/--data-dir/--auth-token, shared by warm and stats."""
-    fn = click.option("--auth-token", envvar="SUFFIXD_AUTH_TOKEN", default=None,
-                      help="Bearer token for a TCP daemon (env SUFFIXD_AUTH_TOKEN).")(fn)
-    fn = click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-                      help="Daemon data directory whose socket to use (default: XDG).")(fn)
-    fn = click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
-                      help="Unix socket of the daemon.")(fn)
-    fn = click.option("--address", default=None,
-                      help="Daemon address: unix:PATH or HOST:PORT (env SUFFIXD_ADDRESS).")(fn)
-    return fn
-
-
-def describe_error(exc: Exception, target: str) -> str:
-    """One clear line for a failed RPC (grpc.RpcError or the client's SuffixdError)."""
-    code = getattr(exc, "code", None)
-    code = code() if callable(code) else code
-    details = getattr(exc, "details", None)
-    details = details() if callable(details) else (details or str(exc))
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return f"cannot reach the daemon at {target} (is `suffixd serve` running?): {details}"
-    name = code.name if code is not None else type(exc).__name__
-    return f"{name}: {details}"
+    return _connect(address, socket, data_dir, token, max_message_bytes=_MAX_MSG)
 
 
 # --------------------------------------------------------------------------- warming
@@ -247,11 +211,13 @@ class Warmer:
         t0 = time.perf_counter()
         todo = self.scan(stats)
         bar = None
-        if progress and todo:
+        stream = out or sys.stderr
+        # Not into a log file or a pipe: tqdm's \r frames would fill it.
+        if progress and todo and stream.isatty():
             from tqdm import tqdm
 
             bar = tqdm(total=len(todo), unit="file", desc=f"warming {self.ns}",
-                       file=out or sys.stderr, dynamic_ncols=True)
+                       file=stream, dynamic_ncols=True)
 
         def on_reply(reply: Any) -> None:
             if bar is not None:
@@ -301,6 +267,10 @@ class Warmer:
             self.send(items, stats)
 
 
+def plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -312,8 +282,9 @@ def _print_summary(stats: WarmStats, as_json: bool) -> None:
         click.echo(json.dumps(stats.as_dict()))
         return
     click.echo(
-        f"{stats.scanned} files scanned: {stats.warmed} warmed, {stats.unchanged} unchanged, "
-        f"{stats.removed} removed, {stats.skipped} skipped; {stats.units:,} units, "
+        f"{plural(stats.scanned, 'file')} scanned: {stats.warmed} warmed, "
+        f"{stats.unchanged} unchanged, {stats.removed} removed, {stats.skipped} skipped; "
+        f"{stats.units:,} units, "
         f"{stats.tokens:,} tokens in {stats.seconds:.2f} s ({stats.tokens_per_s:,.0f} tokens/s)"
     )
 
@@ -412,7 +383,7 @@ def warm(
                 st.seconds = time.perf_counter() - t0
                 if st.warmed or st.removed or st.skipped:
                     click.echo(
-                        f"{time.strftime('%H:%M:%S')} warmed {st.warmed} file(s) "
+                        f"{time.strftime('%H:%M:%S')} warmed {plural(st.warmed, 'file')} "
                         f"({st.tokens:,} tokens), removed {st.removed}, skipped {st.skipped}",
                         err=True,
                     )

@@ -9,8 +9,9 @@ commit queued) and the last ones are appended as "response", which waits until
 everything is durable and puts the whole response into the namespace's global
 tree.
 
-The model is loaded on the first Generate call (a daemon used only for
-speculate/append never pays for it). The draft model comes from
+The model is loaded on the first Generate call, or in the background once
+serving (``suffixd serve --model-load startup``, the default; see
+daemon/startup.py); GeneratorStatus reports the load's phase. The draft model comes from
 ``engine.draft_model_path`` or the ``SUFFIXD_DRAFT_MODEL`` environment variable.
 """
 
@@ -20,6 +21,7 @@ import json
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -45,14 +47,16 @@ DEFAULT_DRAFT = 32
 class _Runtime:
     """The loaded models and measured costs (created once, on first use)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, phase: Any = lambda what: None) -> None:
         path = getattr(engine, "model_path", None)
         if path is None:
             raise FailedPrecondition(
                 "the daemon runs without a model (--model none): no generation"
             )
+        phase("loading model")
         self.verifier = Verifier(path, n_ctx=int(os.environ.get("SUFFIXD_N_CTX", "8192")))
         self.renderer = ChatRenderer(self.verifier)
+        phase("measuring verifier costs")
         profile = self.verifier.measure_cost_profile()
         self.cost_profile = {str(k): v for k, v in profile.items()}
         log.info("verifier cost profile (relative to 1 token): %s", self.cost_profile)
@@ -67,6 +71,7 @@ class _Runtime:
         if draft_path:
             from .draft_model import DraftModel, measure
 
+            phase("loading draft model")
             self.draft_model = DraftModel(draft_path, self.verifier)
             self.fallback = measure(self.verifier, self.draft_model)
             log.info("draft model policy: %s", self.fallback.stats())
@@ -77,6 +82,7 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
         self.engine = engine
         self._runtime: _Runtime | None = None
         self._load_lock = threading.Lock()
+        self.phase = ("", 0.0)  # (what the first load is doing, since when): GeneratorStatus
         # (ns, sid) -> the tokens this service last appended for the session (prompt +
         # response), so a follow-up prompt that repeats them appends only its new part
         self._seen: dict[tuple[str, str], list[int]] = {}
@@ -85,8 +91,16 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
     def runtime(self) -> _Runtime:
         with self._load_lock:
             if self._runtime is None:
-                self._runtime = _Runtime(self.engine)
+                try:
+                    self._runtime = _Runtime(self.engine, self._set_phase)
+                except Exception as exc:
+                    self._set_phase(f"failed: {exc}")
+                    raise
+                self._set_phase("")
             return self._runtime
+
+    def _set_phase(self, what: str) -> None:
+        self.phase = (what, time.monotonic())
 
     # ------------------------------------------------------------------ helpers
     def _params(self, req: gpb.GenerateRequest) -> GenerateParams:
@@ -130,6 +144,9 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
         self, request: gpb.GeneratorStatusRequest, context: grpc.ServicerContext
     ) -> gpb.GeneratorStatusResponse:
         out = gpb.GeneratorStatusResponse(model=str(getattr(self.engine, "model_path", "") or ""))
+        phase, since = self.phase
+        if phase:
+            out.phase, out.phase_seconds = phase, time.monotonic() - since
         rt = self._runtime  # not loaded on demand: asking must not cost a model load
         if rt is not None:
             out.loaded = True
@@ -233,6 +250,9 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
                     with self._seen_lock:
                         self._seen[(ns, sid)] = prompt + generated
                 yield self._chunk(chunk, rt)
+                hook = getattr(engine, "on_generate", None)  # metrics (daemon/metrics.py)
+                if hook is not None and chunk.stats is not None:
+                    hook(ns, chunk.stats)
         finally:
             if not sid:
                 rt.verifier.forget(vkey)
@@ -270,5 +290,6 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
 
 def register(server: grpc.Server, engine: Any) -> list[str]:
     """Add the Generator service to ``server`` (before it starts); returns its name."""
-    gpb_grpc.add_GeneratorServicer_to_server(GeneratorServicer(engine), server)
+    engine.generator = GeneratorServicer(engine)  # server.run preloads it (runtime())
+    gpb_grpc.add_GeneratorServicer_to_server(engine.generator, server)
     return [SERVICE_NAME]

@@ -16,13 +16,14 @@ never session ids or paths.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -33,6 +34,8 @@ log = logging.getLogger("suffixd.metrics")
 SOURCES = ("session", "global", "corpus", "draft_model", "none")
 _LATENCY_BUCKETS = (5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.5)
 _ACCEPT_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_TPS_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
 
 
 class EngineCollector(Collector):
@@ -89,6 +92,19 @@ class EngineCollector(Collector):
                     evict.add_metric([ns, tree], t["evictions"])
             open_sessions.add_metric([ns], e.get("open_sessions", 0))
         yield from (req, gen, spec, steps, prop, acc, evict, *gauges.values(), open_sessions)
+        yield from self._verifier()
+
+    def _verifier(self) -> Iterator[Any]:
+        """The colocated verifier's measured cost profile (once it is loaded)."""
+        rt = getattr(getattr(self.engine, "generator", None), "_runtime", None)
+        cost = GaugeMetricFamily(
+            "suffixd_verifier_cost",
+            "Measured cost of verifying k tokens at once, relative to one token (the profile "
+            "the daemon's own drafter plans with).", labels=["k"])
+        for k, c in sorted((getattr(rt, "cost_profile", None) or {}).items(),
+                           key=lambda kv: int(kv[0])):
+            cost.add_metric([str(k)], float(c))
+        yield cost
 
 
 class Instruments:
@@ -105,6 +121,36 @@ class Instruments:
             "Draft tokens accepted per verified step, by draft source.",
             ["source"], buckets=_ACCEPT_BUCKETS, registry=registry,
         )
+        self.first_token_seconds = Histogram(
+            "suffixd_generate_first_token_seconds",
+            "Generate: time from the request to its first generated token.",
+            buckets=_TTFT_BUCKETS, registry=registry,
+        )
+        self.tokens_per_second = Histogram(
+            "suffixd_generate_tokens_per_second",
+            "Generate: generated tokens per second of each request (request start to last "
+            "token).", buckets=_TPS_BUCKETS, registry=registry,
+        )
+        self.generated = Counter(
+            "suffixd_generate_completion_tokens", "Generate: tokens generated.",
+            registry=registry,
+        )
+        self.generate_seconds = Counter(
+            "suffixd_generate_seconds",
+            "Generate: seconds spent in requests (rate(tokens) / rate(seconds) is the "
+            "mean speed).", registry=registry,
+        )
+
+    def observe_generate(self, ns: str, stats: Any) -> None:
+        """One finished Generate request (``stats``: the verifier's GenerateStats)."""
+        n = int(getattr(stats, "completion_tokens", 0))
+        total = float(getattr(stats, "total_s", 0.0))
+        if n:
+            self.first_token_seconds.observe(float(getattr(stats, "first_token_s", 0.0)))
+        if n and total > 0:
+            self.tokens_per_second.observe(n / total)
+        self.generated.inc(n)
+        self.generate_seconds.inc(max(total, 0.0))
 
     def attach(self, engine: Any) -> None:
         """Wrap ``engine.propose`` and ``engine.record_step`` (on this instance only)."""
@@ -132,6 +178,8 @@ class Instruments:
 
         engine.propose = timed_propose
         engine.record_step = counted_step
+        # Called by the Generator service with each request's totals (daemon/generate_service).
+        engine.on_generate = self.observe_generate
         engine._suffixd_metrics_attached = True
 
 
@@ -191,7 +239,12 @@ def register(server: Any, engine: Any) -> list[str]:
     """
     cfg = getattr(engine, "serve_config", None)
     addr = (getattr(cfg, "extra", None) or {}).get("metrics_addr")
+    data_dir = getattr(engine, "data_dir", None)
     if not addr:
+        # A previous run's address would send tools to a port nobody serves now.
+        if data_dir is not None:
+            with contextlib.suppress(OSError):
+                (data_dir / "metrics.addr").unlink()
         return []
     try:
         ms = start_metrics(engine, addr)
@@ -200,7 +253,6 @@ def register(server: Any, engine: Any) -> list[str]:
 
         raise ServeError(f"cannot serve metrics on {addr}: {exc}") from None
     engine.metrics_server = ms
-    data_dir = getattr(engine, "data_dir", None)
     if data_dir is not None:
         h, p = ms.address
         (data_dir / "metrics.addr").write_text(f"{h}:{p}\n")

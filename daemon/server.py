@@ -575,6 +575,8 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
 
     cfg.data_dir = Path(cfg.data_dir).expanduser()
     cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    from .startup import preflight, preload_generator
+
     lock = DataDirLock(cfg.data_dir)
     lock.acquire()
     announce = cfg.data_dir / "daemon.json"
@@ -582,6 +584,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
     server = None
     bound: list[Listener] = []
     try:
+        preflight(cfg)  # seconds before the model loads and the trees rebuild
         t0 = time.perf_counter()
         try:
             engine = Engine(cfg.data_dir, model_path=cfg.model, limits=cfg.limits,
@@ -622,6 +625,8 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
                    "rebuild_s": round(engine.rebuild_seconds, 3),
                    "startup_s": round(time.perf_counter() - t0, 3)},
         )
+        if cfg.extra.get("model_load", "first-use") == "startup":
+            preload_generator(engine)
         if ready is not None:
             ready(bound)
         while not stop.wait(0.5):

@@ -32,7 +32,9 @@ class DaemonProcess:
                  log_path: Path | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.args = list(args)
-        self.env = {**os.environ, **(env or {})}
+        # Test daemons load the verifier on first generate, not at start-up: most never
+        # generate, and a background load would cost each ~20 s of CPU.
+        self.env = {"SUFFIXD_MODEL_LOAD": "first-use", **os.environ, **(env or {})}
         self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.listen: list[str] = []

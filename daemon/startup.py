@@ -1,0 +1,99 @@
+"""What `suffixd serve` does around the server: checks that need no model (run before
+the model loads and the trees rebuild, so a typo fails in a second, in one line) and
+the verifier's background load once serving."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from .server import ServeConfig, ServeError, parse_listen
+
+log = logging.getLogger("suffixd.server")
+
+
+def preflight(cfg: ServeConfig) -> None:
+    """What can be checked before the model loads and the trees rebuild (seconds to
+    minutes): the listeners, the TCP token rule, the metrics address, the model file, and
+    that the TCP ports are free. Raises ServeError with one line."""
+    listeners = [parse_listen(s) for s in cfg.listen]
+    if any(lst.kind == "tcp" for lst in listeners) and not cfg.auth_token and not cfg.insecure:
+        raise ServeError(
+            "a TCP listener needs a bearer token (--auth-token or SUFFIXD_AUTH_TOKEN), "
+            "or --insecure to accept anyone who can reach the port"
+        )
+    ports = [(lst.address, "--listen") for lst in listeners if lst.kind == "tcp"]
+    metrics_addr = cfg.extra.get("metrics_addr")
+    if metrics_addr:
+        from .metrics import parse_addr
+
+        try:
+            host, port = parse_addr(str(metrics_addr))
+        except ValueError as exc:
+            raise ServeError(str(exc)) from None
+        ports.append((f"{host}:{port}", "--metrics-addr"))
+    for addr, option in ports:
+        _check_port_free(addr, option)
+    if cfg.model is not None and str(cfg.model) not in ("", "default", "embedded"):
+        _check_gguf(Path(cfg.model).expanduser(), "--model")
+    if cfg.extra.get("draft_model"):
+        _check_gguf(Path(cfg.extra["draft_model"]).expanduser(), "--draft-model")
+
+
+def _check_gguf(path: Path, option: str) -> None:
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ServeError(f"{option} {path}: {exc.strerror or exc}") from None
+    if magic != b"GGUF":
+        raise ServeError(f"{option} {path}: not a GGUF model file (llama.cpp's format)")
+
+
+def _check_port_free(addr: str, option: str) -> None:
+    """Bind and release the port: a taken one is reported in one line here, rather than
+    by gRPC's C core (a raw log line) after the model has loaded."""
+    import socket
+
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]")
+    if not port.isdigit() or int(port) == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host or None, int(port), type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise ServeError(f"{option} {addr}: cannot resolve {host!r}: {exc}") from None
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        # As the servers bind: SO_REUSEADDR set, so a port in TIME_WAIT is not "taken".
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(sockaddr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ServeError(f"{option} {addr}: the port is in use (another suffixd, "
+                                 "or another program); pick another port") from None
+            raise ServeError(f"{option} {addr}: cannot listen there: "
+                             f"{exc.strerror or exc}") from None
+
+
+def preload_generator(engine: Any) -> threading.Thread | None:
+    """Load the verifier and measure its costs in the background (first use would
+    otherwise wait ~20 s for it); ``suffixd generate`` shows the progress."""
+    generator = getattr(engine, "generator", None)
+    if generator is None or getattr(engine, "model_path", None) is None:
+        return None
+
+    def load() -> None:
+        try:
+            generator.runtime()
+        except Exception as exc:  # reported by GeneratorStatus and the next Generate
+            log.warning("verifier preload failed", extra={"error": repr(exc)})
+
+    t = threading.Thread(target=load, name="suffixd-preload", daemon=True)
+    t.start()
+    return t
