@@ -577,6 +577,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
     cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     from .startup import preflight, preload_generator
 
+    preflight(cfg)  # seconds before the model loads and the trees rebuild
     lock = DataDirLock(cfg.data_dir)
     lock.acquire()
     announce = cfg.data_dir / "daemon.json"
@@ -584,7 +585,6 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
     server = None
     bound: list[Listener] = []
     try:
-        preflight(cfg)  # seconds before the model loads and the trees rebuild
         t0 = time.perf_counter()
         try:
             engine = Engine(cfg.data_dir, model_path=cfg.model, limits=cfg.limits,

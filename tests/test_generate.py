@@ -148,6 +148,7 @@ def test_cli_generate(gen_daemon: Any) -> None:
             "--max-tokens",
             "6",
             "--stats",
+            "--json",  # --stats alone prints a line for people (tests/test_newcomer.py)
             "SELECT count(*) FROM",
         ],
         capture_output=True,
