@@ -66,6 +66,7 @@ class WarmStats:
     units: int = 0
     tokens: int = 0
     replaced_sequences: int = 0
+    resumed: int = 0  # files continued after the units an interrupted warm stored
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
 
@@ -108,6 +109,8 @@ class Warmer:
         self.batch_chars = batch_chars
         # doc key -> (hash, complete) as the daemon has it
         self.known: dict[str, tuple[str, bool]] = {}
+        # doc key -> (hash, units stored) of files an interrupted warm left incomplete
+        self.partial: dict[str, tuple[str, int]] = {}
 
     def key(self, rel: str) -> str:
         return (self.root / rel).as_posix()
@@ -118,6 +121,8 @@ class Warmer:
             self.pb.ListFilesRequest(namespace=self.ns, prefix=self.root.as_posix() + "/"),
         )
         self.known = {f.path: (f.content_hash, f.complete) for f in resp.files}
+        self.partial = {f.path: (f.content_hash, f.units) for f in resp.files
+                        if not f.complete and f.units}
 
     def is_warm(self, key: str, h: str) -> bool:
         return self.known.get(key) == (h, True)
@@ -171,6 +176,10 @@ class Warmer:
             if self.is_warm(f.path, f.content_hash):
                 stats.unchanged += 1
                 continue
+            h, stored = self.partial.pop(f.path, ("", 0))
+            if h == f.content_hash and 0 < stored <= len(f.units):
+                f.resume_from = stored  # the same version, cut short: send the rest
+                stats.resumed += 1
             yield f
 
     def send(
@@ -192,7 +201,7 @@ class Warmer:
                         path=f.path, content_hash=f.content_hash,
                         first=a == 0, last=b == len(f.units),
                         units=[pb.CorpusUnit(segments=u.segments) for u in f.units[a:b]],
-                        size=f.size, kind=f.kind,
+                        size=f.size, kind=f.kind, offset=a,
                     ))
                 yield pb.WarmRequest(namespace=self.ns, chunks=chunks)
 
@@ -284,7 +293,8 @@ def _print_summary(stats: WarmStats, as_json: bool) -> None:
     click.echo(
         f"{plural(stats.scanned, 'file')} scanned: {stats.warmed} warmed, "
         f"{stats.unchanged} unchanged, {stats.removed} removed, {stats.skipped} skipped; "
-        f"{stats.units:,} units, "
+        + (f"{plural(stats.resumed, 'file')} resumed; " if stats.resumed else "")
+        + f"{stats.units:,} units, "
         f"{stats.tokens:,} tokens in {stats.seconds:.2f} s ({stats.tokens_per_s:,.0f} tokens/s)"
     )
 

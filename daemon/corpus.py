@@ -69,6 +69,8 @@ class CorpusFile:
     size: int
     kind: str  # "sql" | "text" | "workload" | "jsonl"
     units: list[Unit] = field(default_factory=list)
+    # Units the daemon already holds of this version (an interrupted warm): sent from here.
+    resume_from: int = 0
 
     @property
     def chars(self) -> int:
@@ -424,20 +426,22 @@ def batch_units(
 
     Yields lists of (file, first unit index, end unit index) slices; a big file
     is spread over several batches, a batch holds many small files. One batch
-    becomes one request and one LMDB transaction on the daemon side.
+    becomes one request and one LMDB transaction on the daemon side. A file's
+    slices start at its ``resume_from`` (units the daemon already holds); it always
+    gets at least one slice, possibly empty, which ends it.
     """
     batch: list[tuple[CorpusFile, int, int]] = []
     size = 0
     for f in files:
-        start = 0
+        start = f.resume_from
         chars = 0
-        for i, u in enumerate(f.units):
-            chars += u.chars
+        for i in range(f.resume_from, len(f.units)):
+            chars += f.units[i].chars
             if size + chars >= max_chars:
                 batch.append((f, start, i + 1))
                 yield batch
                 batch, size, chars, start = [], 0, 0, i + 1
-        if start < len(f.units) or not f.units:
+        if start < len(f.units) or start == f.resume_from:
             batch.append((f, start, len(f.units)))
             size += chars
     if batch:

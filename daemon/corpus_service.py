@@ -68,6 +68,7 @@ class Chunk:
     sequences: list[list[int]]
     size: int = 0
     kind: str = ""
+    offset: int = 0  # index of the chunk's first unit in the file (resuming: > 0)
 
 
 @dataclass
@@ -137,6 +138,14 @@ class CorpusIngest:
                     raise InvalidArgument(
                         f"chunk of {ch.path!r} without its first chunk (send first=true first)"
                     )
+                elif ch.offset and rec.get("units") != ch.offset:
+                    raise InvalidArgument(
+                        f"chunk of {ch.path!r} starts at unit {ch.offset} but the daemon holds "
+                        f"{rec.get('units', 'an unknown number of')} units of it; send the "
+                        "file from its start"
+                    )
+                # Units received, empty ones included: where an interrupted warm resumes.
+                rec["units"] = rec.get("units", 0) + len(ch.sequences)
                 for toks in ch.sequences:
                     if toks:
                         sid = t.add_sequence(ns, "corpus", toks, doc=ch.path)
@@ -243,7 +252,9 @@ class CorpusServicer(corpus_pb2_grpc.CorpusServicer):
                         return
                     chunks = []
                     for c in req.chunks:
-                        if c.first:
+                        if c.first or (c.offset and c.path not in open_files):
+                            # A resumed file (offset > 0): commit checks it against the
+                            # stored, incomplete version.
                             open_files[c.path] = c.content_hash
                         elif open_files.get(c.path) != c.content_hash:
                             raise InvalidArgument(
@@ -253,7 +264,7 @@ class CorpusServicer(corpus_pb2_grpc.CorpusServicer):
                             open_files.pop(c.path, None)
                         seqs = self.ingest.tokenize_units([tuple(u.segments) for u in c.units])
                         chunks.append(Chunk(c.path, c.content_hash, c.first, c.last, seqs,
-                                            c.size, c.kind))
+                                            c.size, c.kind, c.offset))
                     prepared.put((req.namespace, chunks))
                 prepared.put(_DONE)
             except EngineError as exc:
@@ -349,6 +360,7 @@ class CorpusServicer(corpus_pb2_grpc.CorpusServicer):
                     warmed_at=float(rec.get("t", 0.0)),
                     size=int(rec.get("size", 0)),
                     kind=str(rec.get("kind", "")),
+                    units=int(rec.get("units", 0)),
                 )
                 for key, rec in rows
             ]

@@ -226,3 +226,30 @@ def test_cap_units_preserves_text_and_bounds_size(text: str, cap: int) -> None:
     pieces = corpus.cap_units([Unit((text,))], cap)
     assert "".join(p.text for p in pieces) == text
     assert all(p.chars <= cap for p in pieces)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(1, 50), max_size=12), st.integers(0, 12)),
+                min_size=1, max_size=8),
+       st.integers(1, 120))
+def test_resumed_files_send_the_rest_once_and_always_end(
+    files_spec: list[tuple[list[int], int]], max_chars: int
+) -> None:
+    """A file resumed after ``resume_from`` units gets exactly the units from there on, in
+    order, and one slice ending at its last unit (possibly empty: it marks the file done)."""
+    files = []
+    for i, (units, resume) in enumerate(files_spec):
+        f = corpus.CorpusFile(f"f{i}", Path(f"f{i}"), "h", 0, "text",
+                              [Unit(("x" * n,)) for n in units])
+        f.resume_from = min(resume, len(units))
+        files.append(f)
+    seen: dict[str, list[int]] = {f.path: [] for f in files}
+    ends: dict[str, int] = {f.path: 0 for f in files}
+    for batch in batch_units(files, max_chars):
+        for f, a, b in batch:
+            assert f.resume_from <= a <= b <= len(f.units)
+            seen[f.path].extend(range(a, b))
+            ends[f.path] += b == len(f.units)
+    for f in files:
+        assert seen[f.path] == list(range(f.resume_from, len(f.units)))
+        assert ends[f.path] == 1, (f.resume_from, len(f.units))

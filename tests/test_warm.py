@@ -135,18 +135,45 @@ def test_interrupted_warm_leaves_consistent_store_and_resumes(daemon: Any, tmp_p
     f = list_files(daemon, ns)[key]
     assert not f.complete and f.sequences == 20
 
-    # The next warm sees the incomplete file and redoes it (no duplicates left behind).
-    s = run_warm(daemon, "--corpus", str(root), "-n", ns)
-    assert s["warmed"] == 1 and s["replaced_sequences"] == 20 and s["units"] == 50, s
+    assert f.units == 20
+
+    # A resume chunk that does not start where the stored version ends is refused.
+    import grpc
+
+    skip = corpus_pb2.FileChunk(path=key, content_hash=h, first=False, last=True, offset=25,
+                                units=[corpus_pb2.CorpusUnit(segments=[s]) for s in stmts[25:]])
+    with pytest.raises(grpc.RpcError) as ei:
+        list(corpus_stub(daemon).WarmFiles(iter([
+            corpus_pb2.WarmRequest(namespace=ns, chunks=[skip])])))
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "holds 20 units" in (ei.value.details() or "")
+    assert list_files(daemon, ns)[key].sequences == 20
+
+    # The next warm resumes the file after the 20 units already stored: only the other 30
+    # are sent, nothing is replaced, nothing is duplicated.
+    s = run_warm(daemon, "--corpus", str(root), "-n", ns, "--batch-chars", "1000")
+    assert s["warmed"] == 1 and s["resumed"] == 1, s
+    assert s["units"] == 30 and s["replaced_sequences"] == 0, s
     f = list_files(daemon, ns)[key]
-    assert f.complete and f.sequences == 50
+    assert f.complete and f.sequences == 50 and f.units == 50
     assert int(daemon.stats(ns)["namespaces"][0]["corpus"]["sequences"]) == 50
+    # Both halves draft: the stored 20 and the resumed 30.
+    assert drafts_text(daemon, ns, stmts[3]) and drafts_text(daemon, ns, stmts[40])
+
+    # Interrupted again, then the file changed: the next warm starts it over.
+    list(corpus_stub(daemon).WarmFiles(iter([
+        corpus_pb2.WarmRequest(namespace=ns, chunks=[corpus_pb2.FileChunk(
+            path=key, content_hash=h, first=True, last=False,
+            units=[corpus_pb2.CorpusUnit(segments=[s]) for s in stmts[:20]])])])))
+    path.write_text("\n".join(stmts[:45]) + "\n")
+    s = run_warm(daemon, "--corpus", str(root), "-n", ns)
+    assert s["resumed"] == 0 and s["units"] == 45 and s["replaced_sequences"] == 20, s
+    assert list_files(daemon, ns)[key].sequences == 45
+    assert int(daemon.stats(ns)["namespaces"][0]["corpus"]["sequences"]) == 45
 
     # A continuation chunk of a file that was never begun is refused, store untouched.
     bad = corpus_pb2.FileChunk(path=key + ".x", content_hash=h, first=False, last=True,
                                units=[corpus_pb2.CorpusUnit(segments=["SELECT 1 ;"])])
-    import grpc
-
     with pytest.raises(grpc.RpcError) as ei:
         list(corpus_stub(daemon).WarmFiles(iter([
             corpus_pb2.WarmRequest(namespace=ns, chunks=[bad])])))
@@ -154,7 +181,7 @@ def test_interrupted_warm_leaves_consistent_store_and_resumes(daemon: Any, tmp_p
     with pytest.raises(grpc.RpcError) as ei:
         list(corpus_stub(daemon).WarmFiles(iter([corpus_pb2.WarmRequest(namespace="")])))
     assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert int(daemon.stats(ns)["namespaces"][0]["corpus"]["sequences"]) == 50
+    assert int(daemon.stats(ns)["namespaces"][0]["corpus"]["sequences"]) == 45
 
 
 def test_warm_reports_unreachable_daemon(tmp_path: Path) -> None:
@@ -162,7 +189,7 @@ def test_warm_reports_unreachable_daemon(tmp_path: Path) -> None:
     res = CliRunner().invoke(warm, ["--corpus", str(tmp_path), "--socket",
                                     str(tmp_path / "nope.sock")])
     assert res.exit_code != 0
-    assert "cannot reach the daemon" in res.output
+    assert "the daemon is not running at" in res.output
 
 
 def _wait_for(pred: Any, timeout: float = 20.0, what: str = "") -> None:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17suffixd/v1/corpus.proto\x12\nsuffixd.v1\"\x1e\n\nCorpusUnit\x12\x10\n\x08segments\x18\x01 \x03(\t\"\x8f\x01\n\tFileChunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontent_hash\x18\x02 \x01(\t\x12\r\n\x05\x66irst\x18\x03 \x01(\x08\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12%\n\x05units\x18\x05 \x03(\x0b\x32\x16.suffixd.v1.CorpusUnit\x12\x0c\n\x04size\x18\x06 \x01(\x04\x12\x0c\n\x04kind\x18\x07 \x01(\t\"G\n\x0bWarmRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12%\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x15.suffixd.v1.FileChunk\"Y\n\tWarmReply\x12\r\n\x05units\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\x04\x12\x11\n\tcompleted\x18\x03 \x03(\t\x12\x1a\n\x12replaced_sequences\x18\x04 \x01(\r\"-\n\x07\x46ileRef\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontent_hash\x18\x02 \x01(\t\"J\n\x11\x43heckFilesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\"\n\x05\x66iles\x18\x02 \x03(\x0b\x32\x13.suffixd.v1.FileRef\"\"\n\x12\x43heckFilesResponse\x12\x0c\n\x04warm\x18\x01 \x03(\t\"6\n\x12RemoveFilesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05paths\x18\x02 \x03(\t\"7\n\x13RemoveFilesResponse\x12\r\n\x05\x66iles\x18\x01 \x01(\r\x12\x11\n\tsequences\x18\x02 \x01(\r\"5\n\x10ListFilesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\"\x92\x01\n\x08\x46ileInfo\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontent_hash\x18\x02 \x01(\t\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08\x12\x11\n\tsequences\x18\x04 \x01(\r\x12\x0e\n\x06tokens\x18\x05 \x01(\x04\x12\x11\n\twarmed_at\x18\x06 \x01(\x01\x12\x0c\n\x04size\x18\x07 \x01(\x04\x12\x0c\n\x04kind\x18\x08 \x01(\t\"8\n\x11ListFilesResponse\x12#\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x14.suffixd.v1.FileInfo2\xb0\x02\n\x06\x43orpus\x12?\n\tWarmFiles\x12\x17.suffixd.v1.WarmRequest\x1a\x15.suffixd.v1.WarmReply(\x01\x30\x01\x12K\n\nCheckFiles\x12\x1d.suffixd.v1.CheckFilesRequest\x1a\x1e.suffixd.v1.CheckFilesResponse\x12N\n\x0bRemoveFiles\x12\x1e.suffixd.v1.RemoveFilesRequest\x1a\x1f.suffixd.v1.RemoveFilesResponse\x12H\n\tListFiles\x12\x1c.suffixd.v1.ListFilesRequest\x1a\x1d.suffixd.v1.ListFilesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17suffixd/v1/corpus.proto\x12\nsuffixd.v1\"\x1e\n\nCorpusUnit\x12\x10\n\x08segments\x18\x01 \x03(\t\"\x9f\x01\n\tFileChunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontent_hash\x18\x02 \x01(\t\x12\r\n\x05\x66irst\x18\x03 \x01(\x08\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12%\n\x05units\x18\x05 \x03(\x0b\x32\x16.suffixd.v1.CorpusUnit\x12\x0c\n\x04size\x18\x06 \x01(\x04\x12\x0c\n\x04kind\x18\x07 \x01(\t\x12\x0e\n\x06offset\x18\x08 \x01(\r\"G\n\x0bWarmRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12%\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x15.suffixd.v1.FileChunk\"Y\n\tWarmReply\x12\r\n\x05units\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\x04\x12\x11\n\tcompleted\x18\x03 \x03(\t\x12\x1a\n\x12replaced_sequences\x18\x04 \x01(\r\"-\n\x07\x46ileRef\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontent_hash\x18\x02 \x01(\t\"J\n\x11\x43heckFilesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\"\n\x05\x66iles\x18\x02 \x03(\x0b\x32\x13.suffixd.v1.FileRef\"\"\n\x12\x43heckFilesResponse\x12\x0c\n\x04warm\x18\x01 \x03(\t\"6\n\x12RemoveFilesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05paths\x18\x02 \x03(\t\"7\n\x13RemoveFilesResponse\x12\r\n\x05\x66iles\x18\x01 \x01(\r\x12\x11\n\tsequences\x18\x02 \x01(\r\"5\n\x10ListFilesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\"\xa1\x01\n\x08\x46ileInfo\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontent_hash\x18\x02 \x01(\t\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08\x12\x11\n\tsequences\x18\x04 \x01(\r\x12\x0e\n\x06tokens\x18\x05 \x01(\x04\x12\x11\n\twarmed_at\x18\x06 \x01(\x01\x12\x0c\n\x04size\x18\x07 \x01(\x04\x12\x0c\n\x04kind\x18\x08 \x01(\t\x12\r\n\x05units\x18\t \x01(\r\"8\n\x11ListFilesResponse\x12#\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x14.suffixd.v1.FileInfo2\xb0\x02\n\x06\x43orpus\x12?\n\tWarmFiles\x12\x17.suffixd.v1.WarmRequest\x1a\x15.suffixd.v1.WarmReply(\x01\x30\x01\x12K\n\nCheckFiles\x12\x1d.suffixd.v1.CheckFilesRequest\x1a\x1e.suffixd.v1.CheckFilesResponse\x12N\n\x0bRemoveFiles\x12\x1e.suffixd.v1.RemoveFilesRequest\x1a\x1f.suffixd.v1.RemoveFilesResponse\x12H\n\tListFiles\x12\x1c.suffixd.v1.ListFilesRequest\x1a\x1d.suffixd.v1.ListFilesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,27 +34,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CORPUSUNIT']._serialized_start=39
   _globals['_CORPUSUNIT']._serialized_end=69
   _globals['_FILECHUNK']._serialized_start=72
-  _globals['_FILECHUNK']._serialized_end=215
-  _globals['_WARMREQUEST']._serialized_start=217
-  _globals['_WARMREQUEST']._serialized_end=288
-  _globals['_WARMREPLY']._serialized_start=290
-  _globals['_WARMREPLY']._serialized_end=379
-  _globals['_FILEREF']._serialized_start=381
-  _globals['_FILEREF']._serialized_end=426
-  _globals['_CHECKFILESREQUEST']._serialized_start=428
-  _globals['_CHECKFILESREQUEST']._serialized_end=502
-  _globals['_CHECKFILESRESPONSE']._serialized_start=504
-  _globals['_CHECKFILESRESPONSE']._serialized_end=538
-  _globals['_REMOVEFILESREQUEST']._serialized_start=540
-  _globals['_REMOVEFILESREQUEST']._serialized_end=594
-  _globals['_REMOVEFILESRESPONSE']._serialized_start=596
-  _globals['_REMOVEFILESRESPONSE']._serialized_end=651
-  _globals['_LISTFILESREQUEST']._serialized_start=653
-  _globals['_LISTFILESREQUEST']._serialized_end=706
-  _globals['_FILEINFO']._serialized_start=709
-  _globals['_FILEINFO']._serialized_end=855
-  _globals['_LISTFILESRESPONSE']._serialized_start=857
-  _globals['_LISTFILESRESPONSE']._serialized_end=913
-  _globals['_CORPUS']._serialized_start=916
-  _globals['_CORPUS']._serialized_end=1220
+  _globals['_FILECHUNK']._serialized_end=231
+  _globals['_WARMREQUEST']._serialized_start=233
+  _globals['_WARMREQUEST']._serialized_end=304
+  _globals['_WARMREPLY']._serialized_start=306
+  _globals['_WARMREPLY']._serialized_end=395
+  _globals['_FILEREF']._serialized_start=397
+  _globals['_FILEREF']._serialized_end=442
+  _globals['_CHECKFILESREQUEST']._serialized_start=444
+  _globals['_CHECKFILESREQUEST']._serialized_end=518
+  _globals['_CHECKFILESRESPONSE']._serialized_start=520
+  _globals['_CHECKFILESRESPONSE']._serialized_end=554
+  _globals['_REMOVEFILESREQUEST']._serialized_start=556
+  _globals['_REMOVEFILESREQUEST']._serialized_end=610
+  _globals['_REMOVEFILESRESPONSE']._serialized_start=612
+  _globals['_REMOVEFILESRESPONSE']._serialized_end=667
+  _globals['_LISTFILESREQUEST']._serialized_start=669
+  _globals['_LISTFILESREQUEST']._serialized_end=722
+  _globals['_FILEINFO']._serialized_start=725
+  _globals['_FILEINFO']._serialized_end=886
+  _globals['_LISTFILESRESPONSE']._serialized_start=888
+  _globals['_LISTFILESRESPONSE']._serialized_end=944
+  _globals['_CORPUS']._serialized_start=947
+  _globals['_CORPUS']._serialized_end=1251
 # @@protoc_insertion_point(module_scope)

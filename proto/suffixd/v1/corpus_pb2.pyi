@@ -13,7 +13,7 @@ class CorpusUnit(_message.Message):
     def __init__(self, segments: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FileChunk(_message.Message):
-    __slots__ = ("path", "content_hash", "first", "last", "units", "size", "kind")
+    __slots__ = ("path", "content_hash", "first", "last", "units", "size", "kind", "offset")
     PATH_FIELD_NUMBER: _ClassVar[int]
     CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
     FIRST_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,7 @@ class FileChunk(_message.Message):
     UNITS_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     path: str
     content_hash: str
     first: bool
@@ -28,7 +29,8 @@ class FileChunk(_message.Message):
     units: _containers.RepeatedCompositeFieldContainer[CorpusUnit]
     size: int
     kind: str
-    def __init__(self, path: _Optional[str] = ..., content_hash: _Optional[str] = ..., first: _Optional[bool] = ..., last: _Optional[bool] = ..., units: _Optional[_Iterable[_Union[CorpusUnit, _Mapping]]] = ..., size: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
+    offset: int
+    def __init__(self, path: _Optional[str] = ..., content_hash: _Optional[str] = ..., first: _Optional[bool] = ..., last: _Optional[bool] = ..., units: _Optional[_Iterable[_Union[CorpusUnit, _Mapping]]] = ..., size: _Optional[int] = ..., kind: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class WarmRequest(_message.Message):
     __slots__ = ("namespace", "chunks")
@@ -97,7 +99,7 @@ class ListFilesRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., prefix: _Optional[str] = ...) -> None: ...
 
 class FileInfo(_message.Message):
-    __slots__ = ("path", "content_hash", "complete", "sequences", "tokens", "warmed_at", "size", "kind")
+    __slots__ = ("path", "content_hash", "complete", "sequences", "tokens", "warmed_at", "size", "kind", "units")
     PATH_FIELD_NUMBER: _ClassVar[int]
     CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +108,7 @@ class FileInfo(_message.Message):
     WARMED_AT_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
     path: str
     content_hash: str
     complete: bool
@@ -114,7 +117,8 @@ class FileInfo(_message.Message):
     warmed_at: float
     size: int
     kind: str
-    def __init__(self, path: _Optional[str] = ..., content_hash: _Optional[str] = ..., complete: _Optional[bool] = ..., sequences: _Optional[int] = ..., tokens: _Optional[int] = ..., warmed_at: _Optional[float] = ..., size: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
+    units: int
+    def __init__(self, path: _Optional[str] = ..., content_hash: _Optional[str] = ..., complete: _Optional[bool] = ..., sequences: _Optional[int] = ..., tokens: _Optional[int] = ..., warmed_at: _Optional[float] = ..., size: _Optional[int] = ..., kind: _Optional[str] = ..., units: _Optional[int] = ...) -> None: ...
 
 class ListFilesResponse(_message.Message):
     __slots__ = ("files",)
