@@ -38,5 +38,5 @@ def test_unloadable_draft_model_is_refused_clearly(daemon_factory: Any, tmp_path
     proc = daemon_factory(args=["--draft-model", str(bogus)], expect_ready=False)
     assert proc.wait(120) == 2
     log = proc.log()
-    assert "cannot load the draft model" in log
+    assert "--draft-model" in log and "not a GGUF model file" in log
     assert "Traceback" not in log

@@ -129,7 +129,7 @@ def test_stats_json_matches_own_requests_and_survives_restart(
 
 def test_stats_unreachable_and_usage_errors(tmp_path: Path) -> None:
     res = CliRunner().invoke(stats, ["--socket", str(tmp_path / "none.sock"), "--json"])
-    assert res.exit_code != 0 and "cannot reach the daemon" in res.output
+    assert res.exit_code != 0 and "the daemon is not running at" in res.output
     res = CliRunner().invoke(stats, ["--session", "x"])
     assert res.exit_code == 2 and "--session needs --namespace" in res.output
 
