@@ -71,8 +71,8 @@ class LoadProgress:
             st = self.client.generator_status(timeout=5)
         except Exception:  # an older daemon, or none: Generate itself will say
             return
-        if st["loaded"] or not st["model"]:
-            return
+        if st["loaded"] or not st["model"] or st["phase"].startswith("failed"):
+            return  # ready, no model, or a failed load that Generate itself reports
         self._show(st, first=True)
         self.thread = threading.Thread(target=self._poll, daemon=True)
         self.thread.start()
