@@ -43,6 +43,10 @@ import click
 @click.option("--max-message-bytes", type=int, default=16 << 20, show_default=True)
 @click.option("--metrics-addr", default=None, metavar="HOST:PORT",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9464).")
+@click.option("--http", "http", default=None, metavar="HOST:PORT",
+              help="Also serve the OpenAI-compatible API at http://HOST:PORT/v1 (chat and "
+                   "text completions; loopback is open, another address needs the token "
+                   "or --insecure).")
 @click.option("--rebuild", type=click.Choice(["background", "blocking"]), default="background",
               show_default=True,
               help="After a restart, rebuild the trees from LMDB while serving, or before.")
@@ -68,12 +72,14 @@ def serve(
     max_tokens_per_call: int,
     max_message_bytes: int,
     metrics_addr: str | None,
+    http: str | None,
     rebuild: str,
     log_json: bool,
     log_level: str,
     no_sync: bool,
 ) -> None:
-    """Run the suffixd daemon (gRPC) until SIGTERM or Ctrl-C."""
+    """Run the suffixd daemon (gRPC, and with --http the OpenAI API) until SIGTERM or
+    Ctrl-C."""
     from suffixd.daemon.config import CacheConfig, Limits, default_data_dir
     from suffixd.daemon.server import ServeConfig, ServeError, run, setup_logging
 
@@ -101,7 +107,7 @@ def serve(
         extra={
             key: value
             for key, value in (("metrics_addr", metrics_addr), ("draft_model", draft_model),
-                               ("model_load", model_load))
+                               ("model_load", model_load), ("http", http))
             if value
         },
     )

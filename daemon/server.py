@@ -583,6 +583,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
     announce = cfg.data_dir / "daemon.json"
     engine = None
     server = None
+    http = None
     bound: list[Listener] = []
     try:
         t0 = time.perf_counter()
@@ -608,18 +609,29 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        if cfg.extra.get("http"):
+            from .openai_api import start_http
+
+            try:
+                http = start_http(engine, str(cfg.extra["http"]), token=cfg.auth_token,
+                                  insecure=cfg.insecure,
+                                  max_body_bytes=cfg.limits.max_message_bytes)
+            except (ValueError, OSError) as exc:
+                raise ServeError(str(exc)) from None
         freeze_startup_objects()
         server.start()
         tmp = announce.with_suffix(".tmp")
         tmp.write_text(json.dumps({
             "pid": os.getpid(),
             "listen": [b.target for b in bound],
+            "http": f"http://{http.address}/v1" if http is not None else None,
             "started_at": time.time(),
         }))
         os.replace(tmp, announce)
         log.info(
             "serving",
             extra={"listen": ",".join(b.target for b in bound),
+                   "http": http.address if http is not None else "",
                    "model": str(engine.model_path or ""),
                    "rebuild_tokens": engine.rebuild_tokens,
                    "rebuild_s": round(engine.rebuild_seconds, 3),
@@ -632,10 +644,15 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
         while not stop.wait(0.5):
             pass
         server.enter_graceful_shutdown()
+        if http is not None:
+            http.stop()
+            http = None
         server.stop(cfg.grace_s).wait()
         server = None
         return 0
     finally:
+        if http is not None:
+            http.stop()
         if server is not None:
             server.stop(0)
         if engine is not None:

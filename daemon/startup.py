@@ -35,6 +35,19 @@ def preflight(cfg: ServeConfig) -> None:
         except ValueError as exc:
             raise ServeError(str(exc)) from None
         ports.append((f"{host}:{port}", "--metrics-addr"))
+    http = cfg.extra.get("http")
+    if http:
+        from .openai_api import _is_loopback, parse_http_addr
+
+        try:
+            host, port = parse_http_addr(str(http))
+        except ValueError as exc:
+            raise ServeError(str(exc)) from None
+        if not _is_loopback(host) and not cfg.auth_token and not cfg.insecure:
+            raise ServeError(
+                f"--http {http}: an address other than loopback needs a bearer token "
+                "(--auth-token or SUFFIXD_AUTH_TOKEN), or --insecure")
+        ports.append((f"{host}:{port}", "--http"))
     for addr, option in ports:
         _check_port_free(addr, option)
     if cfg.model is not None and str(cfg.model) not in ("", "default", "embedded"):

@@ -38,6 +38,7 @@ class DaemonProcess:
         self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.listen: list[str] = []
+        self.http: str | None = None  # the OpenAI endpoint's base URL (serve --http)
 
     @property
     def socket(self) -> str:
@@ -69,6 +70,7 @@ class DaemonProcess:
                 info = json.loads(announce.read_text())
                 if info.get("pid") == self.proc.pid:
                     self.listen = list(info["listen"])
+                    self.http = info.get("http")
                     return self
             time.sleep(0.05)
         self.kill9()

@@ -1,0 +1,257 @@
+"""Generation with the colocated verifier, for every front (gRPC Generate, the
+OpenAI-compatible HTTP endpoint): one code path, so drafts, KV reuse, counters and
+metrics are the same whichever protocol a request came in by.
+
+Per request: render/tokenize the prompt; append what the session has not seen yet to
+its tree (durably, kind "prompt"); then run the verifier with drafts from the engine's
+trees (falling back to the draft model when configured and worth it); every verified
+step is counted with ``engine.record_step``. The generated tokens reach the session tree
+at every step (kind "generated", their commit queued) and the last ones are appended as
+"response", which waits until everything is durable and puts the whole response into
+the namespace's global tree.
+
+The model is loaded on first use, or in the background at start-up
+(daemon/startup.py): a daemon used only for speculate/append never pays for it. The
+draft model comes from ``engine.draft_model_path`` or the ``SUFFIXD_DRAFT_MODEL``
+environment variable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from suffixcache import CostProfile
+
+from .chat import ChatRenderer
+from .errors import FailedPrecondition, NotFound
+from .verifier import Chunk, GenerateParams, Verifier
+
+log = logging.getLogger("suffixd.generate")
+
+DEFAULT_MAX_TOKENS = 256
+MAX_TOKENS_LIMIT = 8192
+DEFAULT_DRAFT = 32
+MAX_DRAFT = 64
+
+
+class Runtime:
+    """The loaded models and measured costs (created once)."""
+
+    def __init__(self, engine: Any, phase: Any = lambda what: None) -> None:
+        path = getattr(engine, "model_path", None)
+        if path is None:
+            raise FailedPrecondition(
+                "the daemon runs without a model (--model none): no generation"
+            )
+        phase("loading model")
+        self.verifier = Verifier(path, n_ctx=int(os.environ.get("SUFFIXD_N_CTX", "8192")))
+        self.renderer = ChatRenderer(self.verifier)
+        phase("measuring verifier costs")
+        profile = self.verifier.measure_cost_profile()
+        self.cost_profile = {str(k): v for k, v in profile.items()}
+        log.info("verifier cost profile (relative to 1 token): %s", self.cost_profile)
+        # The daemon's own drafter plans for its own verifier from now on: generation
+        # drafts with it and its calibration learns from generation's verdicts (a
+        # separate per-profile drafter would draft without ever learning).
+        engine.drafter.set_cost_profile(CostProfile.from_json(self.cost_profile))
+        self.fallback = None
+        draft_path = getattr(engine, "draft_model_path", None) or os.environ.get(
+            "SUFFIXD_DRAFT_MODEL"
+        )
+        if draft_path:
+            from .draft_model import DraftModel, measure
+
+            phase("loading draft model")
+            self.draft_model = DraftModel(draft_path, self.verifier)
+            self.fallback = measure(self.verifier, self.draft_model)
+            log.info("draft model policy: %s", self.fallback.stats())
+
+
+@dataclass
+class GenerationRequest:
+    """What to generate, whatever the front. Exactly one of text, tokens, messages."""
+
+    namespace: str = "default"
+    session_id: str = ""  # empty: a one-off request (drafts from the namespace's trees)
+    text: str | None = None
+    tokens: list[int] | None = None
+    messages: list[Mapping[str, str]] | None = None
+    add_bos: bool = True  # text prompts only
+    max_tokens: int = 0  # 0: DEFAULT_MAX_TOKENS
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: Sequence[str] = field(default_factory=tuple)
+    ignore_eos: bool = False
+    max_draft_tokens: int = 0  # 0: DEFAULT_DRAFT
+
+    def params(self) -> GenerateParams:
+        if self.max_tokens > MAX_TOKENS_LIMIT:
+            raise ValueError(f"max_tokens above the limit of {MAX_TOKENS_LIMIT}")
+        if self.max_tokens < 0:
+            raise ValueError("max_tokens must be >= 1")
+        return GenerateParams(
+            max_tokens=self.max_tokens or DEFAULT_MAX_TOKENS,
+            temperature=float(self.temperature),
+            top_p=float(self.top_p) or 1.0,
+            top_k=int(self.top_k),
+            seed=self.seed,
+            stop=list(self.stop),
+            ignore_eos=self.ignore_eos,
+            max_draft=min(self.max_draft_tokens or DEFAULT_DRAFT, MAX_DRAFT),
+        )
+
+
+class Generation:
+    """The daemon's generator (``engine.generator``): loads the runtime once, turns a
+    GenerationRequest into verified chunks. Thread-safe: the verifier's turn queue
+    shares the model between concurrent requests."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self._runtime: Runtime | None = None
+        self._load_lock = threading.Lock()
+        self.phase = ("", 0.0)  # (what the first load is doing, since when)
+        # (ns, sid) -> the tokens this generator last appended for the session (prompt +
+        # response), so a follow-up prompt that repeats them appends only its new part
+        self._seen: dict[tuple[str, str], list[int]] = {}
+        self._seen_lock = threading.Lock()
+
+    @property
+    def loaded(self) -> Runtime | None:
+        """The runtime if it is loaded (asking must not cost a model load)."""
+        return self._runtime
+
+    def runtime(self) -> Runtime:
+        with self._load_lock:
+            if self._runtime is None:
+                try:
+                    self._runtime = Runtime(self.engine, self._set_phase)
+                except Exception as exc:
+                    self._set_phase(f"failed: {exc}")
+                    raise
+                self._set_phase("")
+            return self._runtime
+
+    def _set_phase(self, what: str) -> None:
+        self.phase = (what, time.monotonic())
+
+    def prompt_tokens(self, req: GenerationRequest) -> list[int]:
+        rt = self.runtime()
+        given = [x is not None for x in (req.text, req.tokens, req.messages)]
+        if sum(given) != 1:
+            raise ValueError("no prompt: give text, tokens or messages")
+        if req.text is not None:
+            toks = rt.verifier.tokenize(req.text, add_bos=req.add_bos)
+        elif req.tokens is not None:
+            toks = [int(t) for t in req.tokens]
+        else:
+            toks = rt.renderer.tokens(req.messages or [])
+        if not toks:
+            raise ValueError("empty prompt")
+        if any(not 0 <= t < rt.verifier.vocab_size for t in toks):
+            raise ValueError(f"token ids must be in [0, {rt.verifier.vocab_size})")
+        return toks
+
+    def _new_prompt_part(self, key: tuple[str, str], prompt: list[int]) -> list[int]:
+        with self._seen_lock:
+            seen = self._seen.get(key)
+        if seen and prompt[: len(seen)] == seen:
+            return prompt[len(seen) :]
+        return prompt
+
+    def forget_session(self, ns: str, sid: str) -> None:
+        with self._seen_lock:
+            self._seen.pop((ns, sid), None)
+
+    def run(
+        self,
+        req: GenerationRequest,
+        cancelled: threading.Event | None = None,
+        prompt: list[int] | None = None,
+    ) -> Iterator[Chunk]:
+        """Verified chunks of ``req``; the last one has a finish reason and the totals.
+        Stops early (between two steps) once ``cancelled`` is set: the session keeps what
+        was generated so far, and the verifier's slot is released."""
+        engine = self.engine
+        ns = req.namespace or "default"
+        sid = req.session_id
+        params = req.params()
+        params.validate()
+        rt = self.runtime()
+        if prompt is None:
+            prompt = self.prompt_tokens(req)
+        if sid:
+            try:
+                engine.describe_session(ns, sid)
+            except NotFound:
+                engine.open_session(ns, sid)
+            new = self._new_prompt_part((ns, sid), prompt)
+            if new:
+                engine.append(ns, sid, "prompt", new)
+            vkey = f"{ns}\x00{sid}"
+        else:
+            vkey = f"\x00oneoff-{uuid.uuid4().hex}"
+
+        fallback = rt.fallback
+        sess = engine.stream_session(ns, sid) if sid else None
+        fed = [len(prompt)]  # context tokens the session already holds
+
+        def propose(ctx: list[int], k: int) -> Any:
+            if sess is not None and len(ctx) > fed[0]:
+                # The session tree follows the response step by step, so a response that
+                # repeats itself is drafted from its own beginning. Each step's tokens
+                # go to the trees now and their commit is queued; the final "response"
+                # append waits for all of them (the store commits in order).
+                engine.step(sess, "generated", ctx[fed[0] :], draft=False, defer_commit=True)
+                fed[0] = len(ctx)
+            # A one-off request (no session) still drafts from its namespace's global
+            # and corpus trees.
+            draft = engine.propose(ns, sid or None, ctx, max_tokens=k, remember=False)
+            if (draft is None or not len(draft.tokens)) and fallback is not None:
+                model_draft = fallback(ctx, k)
+                if model_draft is not None:
+                    return model_draft
+            return draft
+
+        def on_step(draft: Any, accepted: int, new: list[int]) -> None:
+            path = draft.path()
+            if getattr(draft, "source", "") == "draft_model" and fallback is not None:
+                fallback.observe(draft, accepted)
+            engine.record_step(
+                ns,
+                sid or None,
+                draft.source if path else "none",
+                len(path),
+                accepted,
+                draft=draft,
+                accepted_tokens=new,
+            )
+
+        generated: list[int] = []
+        try:
+            for chunk in rt.verifier.generate(vkey, prompt, params, propose, on_step):
+                if cancelled is not None and cancelled.is_set():
+                    break
+                generated += chunk.tokens
+                if chunk.finish_reason is not None and sid:
+                    # The rest of the response (possibly empty) ends it, durably, and puts
+                    # the whole response into the namespace's global tree.
+                    engine.append(ns, sid, "response", generated[fed[0] - len(prompt) :])
+                    with self._seen_lock:
+                        self._seen[(ns, sid)] = prompt + generated
+                yield chunk
+                hook = getattr(engine, "on_generate", None)  # metrics (daemon/metrics.py)
+                if hook is not None and chunk.stats is not None:
+                    hook(ns, chunk.stats)
+        finally:
+            if not sid:
+                rt.verifier.forget(vkey)

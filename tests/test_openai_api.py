@@ -1,0 +1,291 @@
+"""The OpenAI-compatible endpoint with real clients: the official ``openai`` package and
+httpx against a real daemon (`suffixd serve --http`) on the embedded model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from suffixd.daemon.session_finder import SessionFinder
+
+SYSTEM = "You translate questions into SQL. Schema: singer(id, name, age, country)."
+
+
+@pytest.fixture(scope="module")
+def http_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from tests.conftest import DaemonProcess
+
+    proc = DaemonProcess(tmp_path_factory.mktemp("http") / "data",
+                         ["--http", "127.0.0.1:0"]).start()
+    client = proc.client()
+    client.proc = proc
+    assert proc.http and proc.http.startswith("http://127.0.0.1:")
+    client.oai = openai.OpenAI(base_url=proc.http, api_key="none", max_retries=0, timeout=120)
+    yield client
+    client.close()
+    proc.stop()
+
+
+def ns_headers(ns: str, session: str | None = None) -> dict[str, str]:
+    h = {"X-Suffixd-Namespace": ns}
+    if session:
+        h["X-Suffixd-Session"] = session
+    return h
+
+
+def test_models_and_unknown_model(http_daemon: Any) -> None:
+    models = http_daemon.oai.models.list()
+    ids = [m.id for m in models.data]
+    assert ids and ids[0].startswith("gemma")
+    with pytest.raises(openai.NotFoundError) as err:
+        http_daemon.oai.chat.completions.create(
+            model="gpt-17", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert "does not exist" in str(err.value)
+
+
+def test_chat_equals_the_grpc_path_streaming_or_not(http_daemon: Any) -> None:
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "How many singers are there?"}]
+    grpc_text = "".join(c.text for c in http_daemon.generate(
+        "g-ref", messages=msgs, max_tokens=16, namespace="eq"))
+    r = http_daemon.oai.chat.completions.create(
+        model="default", messages=msgs, max_tokens=16, temperature=0,
+        extra_headers=ns_headers("eq-http"))
+    assert r.choices[0].message.content == grpc_text
+    assert r.choices[0].finish_reason in ("length", "stop")
+    assert r.usage.completion_tokens >= 1 and r.usage.prompt_tokens > 20
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    extra = r.model_extra["suffixd"]
+    assert extra["namespace"] == "eq-http" and extra["session"]
+    stream = http_daemon.oai.chat.completions.create(
+        model="default", messages=msgs, max_tokens=16, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_headers=ns_headers("eq-stream"))
+    parts, usage, finish = [], None, None
+    for ev in stream:
+        if ev.choices:
+            parts.append(ev.choices[0].delta.content or "")
+            finish = ev.choices[0].finish_reason or finish
+        if ev.usage is not None:
+            usage = ev.usage
+    assert "".join(parts) == grpc_text
+    assert finish in ("length", "stop")
+    assert usage is not None and usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_completions_with_stop_strings(http_daemon: Any) -> None:
+    prompt = "SELECT name, age FROM singer WHERE country = 'France' ORDER BY"
+    full = http_daemon.oai.completions.create(
+        model="default", prompt=prompt, max_tokens=24, temperature=0,
+        extra_headers=ns_headers("comp"))
+    text = full.choices[0].text
+    assert text and full.usage.completion_tokens >= 1
+    # A stop string taken from the middle of the greedy output truncates it there.
+    words = [w for w in text.split() if w.strip()]
+    assert len(words) >= 2, text
+    stop = words[1]
+    cut = http_daemon.oai.completions.create(
+        model="default", prompt=prompt, max_tokens=24, temperature=0, stop=[stop],
+        extra_headers=ns_headers("comp"))
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == text[: text.index(stop)]
+    streamed = "".join(
+        ev.choices[0].text for ev in http_daemon.oai.completions.create(
+            model="default", prompt=prompt, max_tokens=24, temperature=0, stop=stop,
+            stream=True, extra_headers=ns_headers("comp")) if ev.choices)
+    assert streamed == cut.choices[0].text
+
+
+def test_sampling_is_seeded(http_daemon: Any) -> None:
+    msgs = [{"role": "user", "content": "Write a SQL query about singers."}]
+    kw: dict[str, Any] = dict(model="default", messages=msgs, max_tokens=12, temperature=0.9,
+                              seed=7)
+    # Fresh namespaces, so both runs get the same drafts (a draft changes which random
+    # numbers are drawn, never the distribution).
+    a, b = (http_daemon.oai.chat.completions.create(**kw, extra_headers=ns_headers(ns))
+            .choices[0].message.content for ns in ("seeded-a", "seeded-b"))
+    assert a == b
+
+
+def _turn(oai: Any, ns: str, msgs: list[dict[str, str]]) -> tuple[str, dict[str, Any], Any]:
+    r = oai.chat.completions.create(model="default", messages=msgs, max_tokens=12,
+                                    temperature=0, extra_headers=ns_headers(ns))
+    return r.choices[0].message.content, r.model_extra["suffixd"], r.usage
+
+
+def test_an_agent_conversation_is_found_without_a_header(http_daemon: Any) -> None:
+    ns = "agent"
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "List the names of all singers."}]
+    sessions, cached = [], []
+    for i, question in enumerate(["Count the singers from France.",
+                                  "What is the average age of singers?", None]):
+        reply, extra, usage = _turn(http_daemon.oai, ns, msgs)
+        sessions.append(extra["session"])
+        cached.append(usage.prompt_tokens_details.cached_tokens)
+        assert extra["session_found"] == (i > 0)
+        if question is None:
+            break
+        # as an agent resends it: the whole history, the reply, the next question
+        msgs = [*msgs, {"role": "assistant", "content": reply},
+                {"role": "user", "content": question}]
+    assert len(set(sessions)) == 1
+    assert cached[0] == 0 and all(c > 20 for c in cached[1:])  # the session's KV is reused
+    listed = http_daemon.list_sessions(ns)
+    assert [s.session_id for s in listed] == sessions[:1]
+    assert listed[0].responses == 3
+    st = http_daemon.stats(namespace=ns)
+    entry = next(e for e in st["namespaces"] if e["namespace"] == ns)
+    counters = entry["counters"]
+    assert int(counters["steps"]) > 0 and int(counters["requests"]) == 3, counters
+
+
+def test_interleaved_conversations_with_one_system_prompt_stay_apart(http_daemon: Any) -> None:
+    ns = "interleaved"
+    convs: dict[str, list[dict[str, str]]] = {
+        "a": [{"role": "system", "content": SYSTEM},
+              {"role": "user", "content": "Which singers are older than 30?"}],
+        "b": [{"role": "system", "content": SYSTEM},
+              {"role": "user", "content": "Show every country with a singer."}],
+    }
+    seen: dict[str, set[str]] = {"a": set(), "b": set()}
+    for turn in range(3):
+        for name in ("a", "b"):
+            reply, extra, _ = _turn(http_daemon.oai, ns, convs[name])
+            seen[name].add(extra["session"])
+            convs[name] += [{"role": "assistant", "content": reply},
+                            {"role": "user", "content": f"And turn {turn} for {name}?"}]
+    assert len(seen["a"]) == 1 and len(seen["b"]) == 1 and seen["a"] != seen["b"]
+    assert len(http_daemon.list_sessions(ns)) == 2
+
+
+def _post(base: str, path: str, body: Any, **kw: Any) -> httpx.Response:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(base + path, content=data, timeout=60,
+                      headers={"Content-Type": "application/json", **kw.pop("headers", {})},
+                      **kw)
+
+
+@pytest.mark.parametrize(("body", "status", "fragment"), [
+    (b"{not json", 400, "not valid JSON"),
+    (b"[1, 2]", 400, "JSON object"),
+    ({"messages": []}, 400, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n=1"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9}, 400, "limit"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "number"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": 5}, 400, "stop"),
+])
+def test_bad_requests_get_openai_shaped_errors(http_daemon: Any, body: Any, status: int,
+                                               fragment: str) -> None:
+    base = http_daemon.proc.http.removesuffix("/v1")
+    r = _post(base, "/v1/chat/completions", body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert fragment in err["message"] and err["type"] == "invalid_request_error"
+    assert set(err) >= {"message", "type", "param", "code"}
+    r = _post(base, "/v1/completions", {"prompt": {"a": 1}})
+    assert r.status_code == 400 and "prompt" in r.json()["error"]["message"]
+    assert httpx.get(base + "/v1/nothing-here", timeout=10).status_code == 404
+
+
+def test_client_disconnect_mid_stream_stops_generation(http_daemon: Any) -> None:
+    base = http_daemon.proc.http.removesuffix("/v1")
+    body = {"prompt": "SELECT * FROM singer WHERE", "max_tokens": 2000, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    headers = {"Content-Type": "application/json", **ns_headers("dc", "dc1")}
+    with httpx.Client(timeout=60) as c, c.stream(
+            "POST", base + "/v1/completions", content=json.dumps(body), headers=headers) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break  # one event, then hang up
+    time.sleep(1.0)
+    before = http_daemon.describe_session("dc", "dc1").tokens
+    time.sleep(1.5)
+    after = http_daemon.describe_session("dc", "dc1").tokens
+    assert after == before, "generation went on after the client left"
+    assert after < 2000
+    # the daemon serves on, the session's slot was released: the same session generates
+    r2 = http_daemon.oai.completions.create(
+        model="default", prompt="SELECT name FROM", max_tokens=3, temperature=0,
+        extra_headers=ns_headers("dc", "dc1"), timeout=60)
+    assert r2.usage.completion_tokens >= 1
+
+
+def test_auth_and_limits_on_a_non_loopback_listener(daemon_factory: Any) -> None:
+    proc = daemon_factory(args=["--http", "0.0.0.0:0", "--auth-token", "s3cret",
+                                "--max-message-bytes", "65536"])
+    port = proc.http.rsplit(":", 1)[1].split("/")[0]
+    base = f"http://127.0.0.1:{port}/v1"
+    for key, ok in (("wrong", False), ("s3cret", True)):
+        oai = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=30)
+        if ok:
+            assert oai.models.list().data
+        else:
+            with pytest.raises(openai.AuthenticationError):
+                oai.models.list()
+    r = httpx.get(base + "/models", timeout=10)
+    assert r.status_code == 401 and "bearer token" in r.json()["error"]["message"]
+    big = {"prompt": "x" * 100_000}
+    r = _post(base.removesuffix("/v1"), "/v1/completions", big,
+              headers={"Authorization": "Bearer s3cret"})
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+
+
+def test_a_public_address_without_token_is_refused(tmp_path: Any) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "suffixd.cli.main", "serve", "--data-dir", str(tmp_path / "d"),
+         "--http", "0.0.0.0:0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "needs a bearer token" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "d" / "store").exists()  # refused before anything was built
+
+
+# ------------------------------------------------------------ the finder, as a unit
+def test_finder_follows_conversations_and_forks_on_divergence() -> None:
+    f = SessionFinder()
+    sys_ = {"role": "system", "content": "S"}
+    m1 = [sys_, {"role": "user", "content": "q1"}]
+    sid, found = f.claim("ns", m1)
+    assert not found
+    f.release("ns", sid, m1, "r1")
+    m2 = [*m1, {"role": "assistant", "content": " r1\n"}, {"role": "user", "content": "q2"}]
+    assert f.claim("ns", m2) == (sid, True)
+    # while busy, an identical request opens its own session
+    other, found = f.claim("ns", m2)
+    assert other != sid and not found
+    f.release("ns", other, None, None)
+    f.release("ns", sid, m2, "r2")
+    # a different namespace never matches
+    assert not f.claim("other", m2)[1]
+    # a retry of turn 2 after the session moved on forks
+    assert f.claim("ns", m2)[0] != sid
+    # the content parts form of the same history continues the session
+    m3 = [*m2, {"role": "assistant", "content": [{"type": "text", "text": "r2"}]},
+          {"role": "user", "content": "q3"}]
+    assert f.claim("ns", m3) == (sid, True)
+
+
+def test_finder_is_bounded() -> None:
+    f = SessionFinder(max_entries=10)
+    for i in range(50):
+        m = [{"role": "user", "content": f"q{i}"}]
+        sid, _ = f.claim("ns", m)
+        f.release("ns", sid, m, f"r{i}")
+    assert len(f) == 10
+    kept = [{"role": "user", "content": "q49"}, {"role": "assistant", "content": "r49"},
+            {"role": "user", "content": "more"}]
+    assert f.claim("ns", kept)[1]
+    dropped = [{"role": "user", "content": "q0"}, {"role": "assistant", "content": "r0"},
+               {"role": "user", "content": "more"}]
+    assert not f.claim("ns", dropped)[1]
