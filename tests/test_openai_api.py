@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from suffixd.daemon.session_finder import SessionFinder
 
 SYSTEM = "You translate questions into SQL. Schema: singer(id, name, age, country)."
