@@ -32,6 +32,16 @@ import click
               show_default=True, envvar="SUFFIXD_MODEL_LOAD", show_envvar=True,
               help="Load the verifier and measure its costs in the background once serving "
                    "(~20 s of CPU on 2 cores), or on the first generate.")
+@click.option("--ctx-size", type=click.IntRange(min=64), default=8192, show_default=True,
+              envvar="SUFFIXD_N_CTX", show_envvar=True,
+              help="Context of each generating session, in tokens (capped at the model's "
+                   "trained length).")
+@click.option("--kv-slots", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Sessions that keep their KV cache at once (least recently used evicted).")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
+              help="CPU threads of the verifier.")
+@click.option("--n-gpu-layers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Layers offloaded to the GPU (needs a GPU build of llama-cpp-python).")
 @click.option("--workers", type=int, default=32, show_default=True, help="RPC worker threads.")
 @click.option("--global-budget-tokens", type=int, default=4_000_000, show_default=True,
               help="Tokens kept in each namespace's global tree (oldest responses evicted).")
@@ -65,6 +75,10 @@ def serve(
     model: str,
     draft_model: Path | None,
     model_load: str,
+    ctx_size: int,
+    kv_slots: int,
+    threads: int,
+    n_gpu_layers: int,
     workers: int,
     global_budget_tokens: int,
     max_sessions: int,
@@ -107,7 +121,9 @@ def serve(
         extra={
             key: value
             for key, value in (("metrics_addr", metrics_addr), ("draft_model", draft_model),
-                               ("model_load", model_load), ("http", http))
+                               ("model_load", model_load), ("http", http),
+                               ("ctx_size", ctx_size), ("kv_slots", kv_slots),
+                               ("threads", threads), ("n_gpu_layers", n_gpu_layers))
             if value
         },
     )

@@ -51,7 +51,14 @@ class Runtime:
                 "the daemon runs without a model (--model none): no generation"
             )
         phase("loading model")
-        self.verifier = Verifier(path, n_ctx=int(os.environ.get("SUFFIXD_N_CTX", "8192")))
+        opts = getattr(getattr(engine, "serve_config", None), "extra", None) or {}
+        self.verifier = Verifier(
+            path,
+            n_ctx=int(opts.get("ctx_size") or os.environ.get("SUFFIXD_N_CTX", "8192")),
+            n_threads=int(opts.get("threads") or os.environ.get("SUFFIXD_THREADS", "2")),
+            n_slots=int(opts.get("kv_slots") or 4),
+            n_gpu_layers=int(opts.get("n_gpu_layers") or 0),
+        )
         self.renderer = ChatRenderer(self.verifier)
         phase("measuring verifier costs")
         profile = self.verifier.measure_cost_profile()

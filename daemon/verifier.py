@@ -363,8 +363,11 @@ class Verifier:
         n_threads: int = 2,
         n_slots: int = 4,
         n_batch: int = 512,
+        n_gpu_layers: int = 0,
         verbose: bool = False,
     ) -> None:
+        """``n_ctx``: the context of each session (KV slot), capped at the model's trained
+        length; ``n_slots`` sessions keep their KV cache at once."""
         import llama_cpp
         from llama_cpp import _internals
 
@@ -372,24 +375,32 @@ class Verifier:
         self.model_path = Path(model_path)
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers
         self._model = _internals.LlamaModel(
             path_model=str(self.model_path), params=mparams, verbose=verbose
         )
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model.model))
+        per_slot = max(64, min(int(n_ctx), self.n_ctx_train or int(n_ctx)))
         cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = n_ctx
+        cparams.n_ctx = per_slot * n_slots
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         cparams.n_seq_max = n_slots
-        # One KV pool shared by all slots, so an idle session costs nothing but its tokens.
-        cparams.kv_unified = True
-        # Gemma 3 uses sliding-window attention; the default SWA cache forgets tokens
-        # that a rollback (seq_rm of a rejected draft) would need again.
-        cparams.swa_full = True
+        # A KV stream per slot: a session's decode attends over its own cells only (with
+        # one unified pool, every decode walked every resident session's cells, masked).
+        cparams.kv_unified = False
+        # Sliding-window layers keep only their window (+ a batch): attention over
+        # n_swa cells instead of the whole context. Rolling back a rejected draft is
+        # safe: llama.cpp reuses a window cell only once it is outside the window of the
+        # next position, which a rollback never moves back past. Reusing a cached prompt
+        # from further back than the window is not, so _reusable_prefix checks it.
+        cparams.swa_full = False
         self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=verbose)
         self._mem = self._ctx.memory
-        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx.ctx))
+        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx))
+        self.n_swa = int(llama_cpp.llama_model_n_swa(self._model.model))
         self.n_batch = n_batch
         self.n_threads = n_threads
         self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=verbose)
@@ -518,23 +529,31 @@ class Verifier:
             self._slots_lock.notify_all()
 
     def _make_room(self, slot: _Slot, needed: int) -> None:
-        """Evict idle sessions' KV (least recently used first) until ``needed`` more fit."""
-        with self._slots_lock:
-            used = sum(len(s.tokens) for s in self._slots.values())
-            if used + needed <= self.n_ctx:
-                return
-            for _, key in sorted((s.last_used, k) for k, s in self._slots.items() if not s.busy):
-                victim = self._slots[key]
-                used -= len(victim.tokens)
-                self._llama_cpp.llama_memory_seq_rm(self._mem, victim.seq_id, -1, -1)
-                victim.tokens = []
-                if used + needed <= self.n_ctx:
-                    return
-            if len(slot.tokens) + needed > self.n_ctx:
-                raise ContextOverflowError(
-                    f"context window of {self.n_ctx} tokens exceeded "
-                    f"({len(slot.tokens) + needed} needed)"
-                )
+        """Refuse what cannot fit the slot's context (each slot has its own KV stream of
+        ``n_ctx`` cells, so sessions never evict each other's tokens to make room)."""
+        if len(slot.tokens) + needed > self.n_ctx:
+            raise ContextOverflowError(
+                f"context window of {self.n_ctx} tokens per session exceeded "
+                f"({len(slot.tokens) + needed} needed)"
+            )
+
+    def _reusable_prefix(self, slot: _Slot, common: int) -> int:
+        """How much of the slot's first ``common`` tokens can be kept after dropping the
+        rest: all of them, unless the sliding-window cache has already reused cells that
+        the next position needs (a prompt parting more than a window before the slot's
+        end); then none, and the prompt is evaluated again."""
+        if common and self.n_swa and slot.tokens:
+            # The window cache's oldest position, before dropping anything (it is -1 once
+            # the rollback empties the window cache).
+            oldest = int(self._llama_cpp.llama_memory_seq_pos_min(self._mem, slot.seq_id))
+            if oldest > max(0, common - self.n_swa):
+                self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+                slot.tokens = []
+                return 0
+        if common < len(slot.tokens):
+            self._seq_rm(slot.seq_id, common)
+            del slot.tokens[common:]
+        return common
 
     def forget(self, session_key: str) -> None:
         """Drop a session's KV cache (e.g. when the session is closed)."""
@@ -610,11 +629,11 @@ class Verifier:
         limit = min(len(slot.tokens), len(prompt) - 1)
         while common < limit and slot.tokens[common] == prompt[common]:
             common += 1
-        if common < len(slot.tokens):
-            self._seq_rm(slot.seq_id, common)
-            del slot.tokens[common:]
+        common = self._reusable_prefix(slot, common)
         stats.cached_prompt_tokens = common
-        self._make_room(slot, len(prompt) - common + params.max_tokens)
+        # The prompt must fit; the generation stops ("length") where the context ends.
+        self._make_room(slot, len(prompt) - common + 1)
+        max_tokens = max(1, min(params.max_tokens, self.n_ctx - len(prompt)))
         todo = prompt[common:-1]
         for i in range(0, len(todo), self.n_batch):
             part = todo[i : i + self.n_batch]
@@ -634,7 +653,7 @@ class Verifier:
         finish: str | None = None
 
         while finish is None:
-            remaining = params.max_tokens - generated
+            remaining = max_tokens - generated
             room = self.n_ctx - len(slot.tokens) - 1
             k = max(0, min(params.max_draft, remaining - 1, room, self.n_batch - 1))
             draft_obj = propose(context, k) if (propose is not None and k > 0) else None
@@ -708,7 +727,7 @@ class Verifier:
                         text = text[: min(hits)]
                         finish = "stop"
                         break
-                if generated >= params.max_tokens:
+                if generated >= max_tokens:
                     finish = "length"
                     break
             context.extend(new)

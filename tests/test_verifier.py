@@ -14,6 +14,7 @@ from suffixd.daemon.chat import ChatRenderer
 from suffixd.daemon.model import embedded_model_path
 from suffixd.daemon.verifier import (
     NEAR_TIE_GAP,
+    ContextOverflowError,
     GenerateParams,
     TokenGap,
     Verifier,
@@ -148,6 +149,44 @@ def test_kv_cache_reused_across_turns(verifier: Verifier) -> None:
     # the same prompt again: all but the last token comes from the cache
     _, _, again = run(verifier, "kv", p2, params)
     assert again.stats.cached_prompt_tokens == len(p2) - 1
+
+
+def test_a_prompt_parting_beyond_the_window_is_evaluated_again(verifier: Verifier) -> None:
+    """The sliding-window layers keep only their window of KV: a new prompt that parts
+    from the cached one more than a window before the cache's end cannot reuse it (the
+    cells its next position needs were reused), so it is evaluated from the start, and
+    its output is what a fresh session computes."""
+    assert verifier.n_swa > 0  # gemma-3 has sliding-window layers
+    renderer = ChatRenderer(verifier)
+    turns = spider_turns(renderer, 2, 1)
+    long_prompt = (turns[0][1] * 40)[: 4 * verifier.n_swa]  # past the window cache (~2 windows)
+    params = GenerateParams(max_tokens=12, record_gaps=True)
+    verifier.forget("swa")
+    run(verifier, "swa", long_prompt, params)
+    keep = verifier.n_swa // 4  # the parting: far more than a window before the end
+    parted = long_prompt[:keep] + turns[1][1]
+    out, gaps, last = run(verifier, "swa", parted, params)
+    assert last.stats.cached_prompt_tokens == 0
+    verifier.forget("swa-fresh")
+    fresh, fresh_gaps, _ = run(verifier, "swa-fresh", parted, params)
+    assert certify_greedy(fresh_gaps, gaps)[0] != "diverged"
+    # parting within the window keeps the cache
+    near = parted[: len(parted) - 8] + turns[0][1][:8]
+    _, _, kept = run(verifier, "swa", near, params)
+    assert kept.stats.cached_prompt_tokens == len(parted) - 8
+
+
+def test_a_long_turn_fills_the_context_and_stops(verifier: Verifier) -> None:
+    """A prompt that fits is never refused for what it asks to generate: the output stops
+    ("length") where the session's context ends; a prompt that does not fit is refused."""
+    prompt = [verifier.bos_token] + [(13 * i + 200) % 5000 + 100 for i in range(verifier.n_ctx - 9)]
+    _, _, last = run(verifier, "full", prompt, GenerateParams(max_tokens=64, ignore_eos=True))
+    assert last.finish_reason == "length"
+    assert last.stats.completion_tokens == verifier.n_ctx - len(prompt)
+    verifier.forget("full")
+    with pytest.raises(ContextOverflowError):
+        run(verifier, "full", prompt + [100] * 20, GenerateParams(max_tokens=4))
+    verifier.forget("full")
 
 
 def test_stop_strings_max_tokens_and_streamed_text(verifier: Verifier) -> None:
