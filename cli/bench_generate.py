@@ -18,6 +18,14 @@ run's batch shape and the prefix chunked in several ways pick each run's token
 under some schedule, so the difference is llama.cpp's batch arithmetic, see
 ``Verifier.schedule_flip``); anything else is a divergence and makes
 ``identical_outputs`` false.
+
+With ``--llama-server PATH`` (bench/build_llama_server.sh builds it from the same
+llama.cpp version) the same turns also go, in the same per-turn rotation, to
+llama-server plain and with each of its n-gram speculative types (one process each,
+one slot, prompt cache on, greedy, the same prompt tokens and threads): decode tok/s,
+prompt tok/s and whole-turn latency side by side, suffixd's ratio to the best of them,
+and how often llama-server's modes agree with its own plain output. ``--load N`` runs N
+busy processes beside the whole run.
 """
 
 from __future__ import annotations
@@ -49,8 +57,8 @@ def _load_turns(path: Path, limit: int) -> list[tuple[str, list[dict[str, str]]]
 
 
 def fits_side_by_side(prompt_len: int, max_tokens: int, n_ctx: int) -> bool:
-    """Whether a turn fits a third of the context: the three modes keep their KV caches."""
-    return prompt_len + max_tokens + 64 <= n_ctx // 3
+    """Whether a turn fits a session's context (each mode keeps its own KV slot)."""
+    return prompt_len + max_tokens + 64 <= n_ctx
 
 
 def feed_prompt(
@@ -90,6 +98,12 @@ def replays_both(
 @click.option("--n-ctx", default=12288, show_default=True)
 @click.option("--threads", default=2, show_default=True)
 @click.option("--modes", default=",".join(MODES), show_default=True)
+@click.option("--llama-server", "llama_server", default=None, metavar="PATH",
+              help="Also run llama-server (plain and its n-gram speculation) side by side.")
+@click.option("--spec-types", default=None, metavar="T1,T2",
+              help="llama-server speculative types to run [default: every ngram-* type].")
+@click.option("--load", "load", default=0, show_default=True,
+              help="Busy processes to run beside the benchmark (a loaded machine).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def generate_bench(
     workload: Path,
@@ -99,9 +113,52 @@ def generate_bench(
     n_ctx: int,
     threads: int,
     modes: str,
+    llama_server: str | None,
+    spec_types: str | None,
+    load: int,
     as_json: bool,
 ) -> None:
     """Replay WORKLOAD's prompts through the real model: plain, suffixd and prompt lookup."""
+    from ..daemon.model import resolve_model_path
+
+    wanted = [m.strip() for m in modes.split(",") if m.strip()]
+    if not wanted or any(m not in MODES for m in wanted) or "plain" not in wanted:
+        raise click.BadParameter(
+            f"--modes: a subset of {MODES} including plain", param_hint="--modes"
+        )
+    from .llama_server import BusyLoad, LlamaServer
+    from .llama_server import spec_types as offered_spec_types
+
+    model_path = resolve_model_path(model)
+    servers: dict[str, LlamaServer] = {}
+    if llama_server:
+        types = ([t.strip() for t in spec_types.split(",") if t.strip()] if spec_types
+                 else offered_spec_types(llama_server))
+        for t in [None, *types]:
+            servers["ls-" + (t or "plain")] = LlamaServer(
+                llama_server, model_path, threads=threads, n_ctx=n_ctx, spec_type=t)
+        for srv in servers.values():
+            srv.wait_ready()
+    busy = BusyLoad(load) if load else None
+    try:
+        out = _run(workload, turns, max_tokens, model_path, n_ctx, threads, wanted, servers,
+                   as_json)
+    finally:
+        for srv in servers.values():
+            srv.close()
+        if busy is not None:
+            busy.close()
+    out["load_processes"] = load
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    _print(out, wanted, list(servers))
+
+
+def _run(
+    workload: Path, turns: int, max_tokens: int, model_path: Path, n_ctx: int, threads: int,
+    wanted: list[str], servers: dict[str, Any], as_json: bool,
+) -> dict[str, Any]:
     import numpy as np
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     from tqdm import tqdm
@@ -109,15 +166,9 @@ def generate_bench(
     from suffixcache import CostProfile, Drafter, SuffixCache
 
     from ..daemon.chat import ChatRenderer
-    from ..daemon.model import resolve_model_path
     from ..daemon.verifier import NEAR_TIE_GAP, GenerateParams, Verifier, certify_greedy
 
-    wanted = [m.strip() for m in modes.split(",") if m.strip()]
-    if not wanted or any(m not in MODES for m in wanted) or "plain" not in wanted:
-        raise click.BadParameter(
-            f"--modes: a subset of {MODES} including plain", param_hint="--modes"
-        )
-    verifier = Verifier(resolve_model_path(model), n_ctx=n_ctx, n_threads=threads, n_slots=4)
+    verifier = Verifier(model_path, n_ctx=n_ctx, n_threads=threads, n_slots=4)
     renderer = ChatRenderer(verifier)
     profile = verifier.measure_cost_profile()
     cache = SuffixCache()
@@ -145,6 +196,11 @@ def generate_bench(
         }
         for m in wanted
     }
+    for m in servers:
+        agg[m] = {k: 0.0 for k in next(iter(agg.values()))}
+    latencies: dict[str, list[float]] = {m: [] for m in [*wanted, *servers]}
+    ls_agree = {m: 0 for m in servers if m != "ls-plain"}
+    ls_tokens: dict[str, list[int]] = {}
     verdicts = {
         m: {"identical": 0, "near_tie": 0, "shape_flip": 0, "diverged": 0}
         for m in wanted
@@ -208,12 +264,29 @@ def generate_bench(
             a["steps"] += st.steps
             a["drafted"] += st.drafted_tokens
             a["accepted"] += st.accepted_tokens
+            latencies[m].append(st.total_s)
             results[m] = (toks, gaps)
             if m == "suffixd":
                 cache.append_session(ns, session, toks[fed[0] - len(prompt) :])
                 if toks:
                     cache.add_response(ns, next_seq, toks)
                     next_seq += 1
+        for m, srv in servers.items():
+            t = srv.complete(prompt, max_tokens)
+            a = agg[m]
+            a["tokens"] += t.predicted_n
+            a["rate_tokens"] += max(0, t.predicted_n - 1)
+            a["decode_s"] += t.decode_s
+            a["prompt_s"] += t.prompt_s
+            a["total_s"] += t.wall_s
+            a["prompt_tokens"] += len(prompt)
+            a["cached_prompt_tokens"] += len(prompt) - t.prompt_n
+            a["drafted"] += t.drafted
+            a["accepted"] += t.accepted
+            latencies[m].append(t.wall_s)
+            ls_tokens[m] = t.tokens
+        for m in ls_agree:
+            ls_agree[m] += int(ls_tokens[m] == ls_tokens.get("ls-plain"))
         for m in verdicts:
             verdict, where = certify_greedy(results["plain"][1], results[m][1])
             ref_g, cand_g = results["plain"][1], results[m][1]
@@ -263,8 +336,20 @@ def generate_bench(
         "batch_padding": {str(k): v for k, v in verifier.batch_padding.items()},
         "near_tie_gap": NEAR_TIE_GAP,
     }
-    for m in wanted:
+    for m in [*wanted, *servers]:
         a = agg[m]
+        evaluated = a["prompt_tokens"] - a["cached_prompt_tokens"]
+        out[f"{m}_prompt_tok_s"] = round(evaluated / a["prompt_s"], 1) if a["prompt_s"] else 0.0
+        lat = sorted(latencies[m])
+        out[f"{m}_turn_p95_s"] = round(lat[int(0.95 * (len(lat) - 1))], 4) if lat else 0.0
+        if m in servers:
+            out[f"{m}_tok_s"] = round(rate(m), 2)
+            out[f"{m}_turn_latency_s"] = round(a["total_s"] / max(n_turns, 1), 4)
+            out[f"{m}_tokens"] = int(a["tokens"])
+            if m != "ls-plain":
+                out[f"{m}_accept_rate"] = round(a["accepted"] / max(a["drafted"], 1), 3)
+                out[f"{m}_same_output_as_ls_plain"] = ls_agree[m]
+            continue
         out[f"{m}_tok_s"] = round(rate(m), 2)
         out[f"{m}_prompt_s"] = round(a["prompt_s"], 3)
         out[f"{m}_turn_latency_s"] = round(a["total_s"] / max(n_turns, 1), 4)
@@ -282,6 +367,14 @@ def generate_bench(
             out["speedup_vs_pld"] = round(rate("suffixd") / max(rate("pld"), 1e-9), 3)
     if "pld" in wanted:
         out["pld_speedup_vs_plain"] = round(rate("pld") / max(rate("plain"), 1e-9), 3)
+    if servers:
+        best = max(servers, key=rate)
+        out["llama_server_best"] = best
+        out["suffixd_plain_vs_ls_plain"] = round(rate("plain") / max(rate("ls-plain"), 1e-9), 3)
+        if "suffixd" in wanted:
+            out["suffixd_vs_ls_best"] = round(rate("suffixd") / max(rate(best), 1e-9), 3)
+            out["suffixd_turn_latency_vs_ls_best"] = round(
+                agg["suffixd"]["total_s"] / max(agg[best]["total_s"], 1e-9), 3)
     main = "suffixd" if "suffixd" in verdicts else next(iter(verdicts), None)
     out["identical_turns"] = verdicts[main]["identical"] if main else n_turns
     out["near_tie_turns"] = verdicts[main]["near_tie"] if main else 0
@@ -290,21 +383,32 @@ def generate_bench(
     out["identical_outputs"] = all(v["diverged"] == 0 for v in verdicts.values())
     out["partings"] = diverged
     verifier.close()
-    if as_json:
-        click.echo(json.dumps(out))
-        return
-    click.echo(f"{workload.name}: {n_turns} turns, {max_tokens} tokens max, {threads} threads")
+    return out
+
+
+def _print(out: dict[str, Any], wanted: list[str], servers: list[str]) -> None:
+    click.echo(f"{out['workload']}: {out['turns']} turns, {out['max_tokens']} tokens max, "
+               f"{out['threads']} threads, {out['load_processes']} busy processes beside")
     click.echo(f"cost profile (k: cost relative to 1): {out['cost_profile']}")
     click.echo(
-        f"{'mode':<8} {'tok/s':>8} {'tok/step':>9} {'accept':>7} {'prompt s':>9} {'turn s':>8}"
+        f"{'mode':<16} {'tok/s':>8} {'accept':>7} {'prompt tok/s':>13} {'turn s':>8} "
+        f"{'p95 s':>7}"
     )
-    for m in wanted:
+    for m in [*wanted, *servers]:
         click.echo(
-            f"{m:<8} {out[f'{m}_tok_s']:>8.2f} {out[f'{m}_tokens_per_step']:>9.2f} "
-            f"{out.get(f'{m}_accept_rate', 0.0):>7.3f} {out[f'{m}_prompt_s']:>9.2f} "
-            f"{out[f'{m}_turn_latency_s']:>8.3f}"
+            f"{m:<16} {out[f'{m}_tok_s']:>8.2f} {out.get(f'{m}_accept_rate', 0.0):>7.3f} "
+            f"{out[f'{m}_prompt_tok_s']:>13.1f} {out[f'{m}_turn_latency_s']:>8.3f} "
+            f"{out[f'{m}_turn_p95_s']:>7.3f}"
         )
-    for k in ("speedup_vs_plain", "speedup_vs_pld", "pld_speedup_vs_plain"):
+    for k in ("speedup_vs_plain", "speedup_vs_pld", "pld_speedup_vs_plain",
+              "suffixd_plain_vs_ls_plain", "suffixd_vs_ls_best",
+              "suffixd_turn_latency_vs_ls_best"):
         if k in out:
             click.echo(f"{k}: {out[k]:.3f}")
-    click.echo(f"greedy equivalence: {verdicts}  identical_outputs={out['identical_outputs']}")
+    if servers:
+        click.echo(f"llama-server's best: {out['llama_server_best']}; its modes' outputs equal "
+                   "to its plain output: " + ", ".join(
+                       f"{m} {out[f'{m}_same_output_as_ls_plain']}/{out['turns']}"
+                       for m in servers if m != "ls-plain"))
+    click.echo(f"greedy equivalence (suffixd vs its plain): {out['verdicts']}  "
+               f"identical_outputs={out['identical_outputs']}")

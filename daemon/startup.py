@@ -51,7 +51,15 @@ def preflight(cfg: ServeConfig) -> None:
     for addr, option in ports:
         _check_port_free(addr, option)
     if cfg.model is not None and str(cfg.model) not in ("", "default", "embedded"):
-        _check_gguf(Path(cfg.model).expanduser(), "--model")
+        from .model import PACKAGED_MODELS, packaged_model_path
+
+        if str(cfg.model) in PACKAGED_MODELS:
+            try:
+                packaged_model_path(str(cfg.model))
+            except FileNotFoundError as exc:
+                raise ServeError(f"--model {cfg.model}: {exc}") from None
+        else:
+            _check_gguf(Path(cfg.model).expanduser(), "--model")
     if cfg.extra.get("draft_model"):
         _check_gguf(Path(cfg.extra["draft_model"]).expanduser(), "--draft-model")
 

@@ -1,0 +1,122 @@
+"""llama-server as the benchmarks' reference: start it on a free loopback port, send it
+a turn, read its own timings. Benchmark-only (bench/build_llama_server.sh builds it
+from the llama.cpp source vendored in the installed llama-cpp-python)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def spec_types(binary: str | Path) -> list[str]:
+    """The speculative types this llama-server offers without a second model."""
+    out = subprocess.run([str(binary), "--help"], capture_output=True, text=True,
+                         timeout=60).stdout
+    m = re.search(r"--spec-type\s+([\w,-]+)", out)
+    if not m:
+        return []
+    return [t for t in m.group(1).split(",") if t.startswith("ngram")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Turn:
+    tokens: list[int]
+    prompt_n: int  # prompt tokens evaluated (not from its prompt cache)
+    prompt_s: float
+    predicted_n: int
+    decode_s: float  # its own generation time (after the prompt)
+    wall_s: float  # the request, as the client saw it
+    drafted: int
+    accepted: int
+
+
+class LlamaServer:
+    """One llama-server process (one slot, greedy requests, prompt cache on)."""
+
+    def __init__(self, binary: str | Path, model: str | Path, *, threads: int, n_ctx: int,
+                 spec_type: str | None = None, log_path: Path | None = None) -> None:
+        self.port = _free_port()
+        self.spec_type = spec_type or "none"
+        args = [str(binary), "-m", str(model), "-t", str(threads), "-tb", str(threads),
+                "-c", str(n_ctx), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port)]
+        if spec_type:
+            args += ["--spec-type", spec_type]
+        self._log = open(log_path or "/dev/null", "ab")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server ({self.spec_type}) exited with "
+                                   f"{self.proc.returncode}")
+            with contextlib.suppress(OSError, urllib.error.URLError), \
+                    urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+            time.sleep(0.2)
+        raise TimeoutError(f"llama-server ({self.spec_type}) did not become ready")
+
+    def complete(self, prompt: Sequence[int], max_tokens: int) -> Turn:
+        body = json.dumps({
+            "prompt": list(prompt), "n_predict": max_tokens, "temperature": 0.0,
+            "cache_prompt": True, "return_tokens": True, "id_slot": 0,
+        }).encode()
+        req = urllib.request.Request(self.url + "/completion", data=body,
+                                     headers={"Content-Type": "application/json"})
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=600) as r:
+            out: dict[str, Any] = json.loads(r.read())
+        wall = time.perf_counter() - t0
+        t = out.get("timings", {})
+        return Turn(
+            tokens=[int(x) for x in out.get("tokens", [])],
+            prompt_n=int(t.get("prompt_n", 0)),
+            prompt_s=float(t.get("prompt_ms", 0.0)) / 1e3,
+            predicted_n=int(t.get("predicted_n", 0)),
+            decode_s=float(t.get("predicted_ms", 0.0)) / 1e3,
+            wall_s=wall,
+            drafted=int(t.get("draft_n", 0) or 0),
+            accepted=int(t.get("draft_n_accepted", 0) or 0),
+        )
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()
+
+
+class BusyLoad:
+    """``n`` processes spinning on the CPU beside a benchmark (a loaded machine)."""
+
+    def __init__(self, n: int) -> None:
+        import sys
+
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                      for _ in range(n)]
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
