@@ -315,3 +315,7 @@ def tree_cmd(
 from .bench_generate import generate_bench  # noqa: E402  (suffixd bench generate)
 
 bench.add_command(generate_bench)
+
+from .bench_agent import agent_bench  # noqa: E402  (suffixd bench agent)
+
+bench.add_command(agent_bench)

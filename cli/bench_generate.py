@@ -40,6 +40,23 @@ import click
 MODES = ("plain", "suffixd", "pld")
 
 
+def load_session_turns(path: Path, sessions: int) -> list[tuple[str, list[dict[str, str]]]]:
+    """Every assistant turn of the first ``sessions`` sessions, in order: (session, the
+    messages before the turn), as an agent sends them (recorded history)."""
+    turns: list[tuple[str, list[dict[str, str]]]] = []
+    with path.open() as f:
+        for n, line in enumerate(f):
+            if n >= sessions:
+                break
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            msgs = rec["messages"]
+            turns += [(str(rec["session"]), msgs[:i]) for i, m in enumerate(msgs)
+                      if m["role"] == "assistant"]
+    return turns
+
+
 def _load_turns(path: Path, limit: int) -> list[tuple[str, list[dict[str, str]]]]:
     turns: list[tuple[str, list[dict[str, str]]]] = []
     with path.open() as f:
@@ -141,7 +158,10 @@ def generate_bench(
             srv.wait_ready()
     busy = BusyLoad(load) if load else None
     try:
-        out = _run(workload, turns, max_tokens, model_path, n_ctx, threads, wanted, servers,
+        todo = _load_turns(workload, turns)
+        if not todo:
+            raise click.ClickException(f"{workload}: no assistant turns")
+        out = _run(workload, todo, max_tokens, model_path, n_ctx, threads, wanted, servers,
                    as_json)
     finally:
         for srv in servers.values():
@@ -156,9 +176,11 @@ def generate_bench(
 
 
 def _run(
-    workload: Path, turns: int, max_tokens: int, model_path: Path, n_ctx: int, threads: int,
-    wanted: list[str], servers: dict[str, Any], as_json: bool,
+    workload: Path, todo: list[tuple[str, list[dict[str, str]]]], max_tokens: int,
+    model_path: Path, n_ctx: int, threads: int, wanted: list[str], servers: dict[str, Any],
+    as_json: bool,
 ) -> dict[str, Any]:
+    """Replays ``todo``'s turns through every mode, turn by turn; the figures as a dict."""
     import numpy as np
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     from tqdm import tqdm
@@ -168,7 +190,9 @@ def _run(
     from ..daemon.chat import ChatRenderer
     from ..daemon.verifier import NEAR_TIE_GAP, GenerateParams, Verifier, certify_greedy
 
-    verifier = Verifier(model_path, n_ctx=n_ctx, n_threads=threads, n_slots=4)
+    # n_ctx 0: the model's trained context (the verifier caps what it is given there)
+    verifier = Verifier(model_path, n_ctx=n_ctx or 1 << 30, n_threads=threads, n_slots=4)
+    n_ctx = verifier.n_ctx
     renderer = ChatRenderer(verifier)
     profile = verifier.measure_cost_profile()
     cache = SuffixCache()
@@ -177,9 +201,6 @@ def _run(
     )
     pld = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=10)
     ns = "bench"
-    todo = _load_turns(workload, turns)
-    if not todo:
-        raise click.ClickException(f"{workload}: no assistant turns")
 
     agg: dict[str, dict[str, float]] = {
         m: {
@@ -199,6 +220,8 @@ def _run(
     for m in servers:
         agg[m] = {k: 0.0 for k in next(iter(agg.values()))}
     latencies: dict[str, list[float]] = {m: [] for m in [*wanted, *servers]}
+    session_wall: dict[str, dict[str, float]] = {m: {} for m in [*wanted, *servers]}
+    unfit: list[dict[str, Any]] = []
     ls_agree = {m: 0 for m in servers if m != "ls-plain"}
     ls_tokens: dict[str, list[int]] = {}
     verdicts = {
@@ -215,6 +238,7 @@ def _run(
         prompt = renderer.tokens(msgs)
         if not fits_side_by_side(len(prompt), max_tokens, n_ctx):
             skipped += 1
+            unfit.append({"session": session, "prompt_tokens": len(prompt)})
             continue
         if session != current:
             if current is not None and cache.has_session(ns, current):
@@ -265,6 +289,7 @@ def _run(
             a["drafted"] += st.drafted_tokens
             a["accepted"] += st.accepted_tokens
             latencies[m].append(st.total_s)
+            session_wall[m][session] = session_wall[m].get(session, 0.0) + st.total_s
             results[m] = (toks, gaps)
             if m == "suffixd":
                 cache.append_session(ns, session, toks[fed[0] - len(prompt) :])
@@ -284,6 +309,7 @@ def _run(
             a["drafted"] += t.drafted
             a["accepted"] += t.accepted
             latencies[m].append(t.wall_s)
+            session_wall[m][session] = session_wall[m].get(session, 0.0) + t.wall_s
             ls_tokens[m] = t.tokens
         for m in ls_agree:
             ls_agree[m] += int(ls_tokens[m] == ls_tokens.get("ls-plain"))
@@ -326,8 +352,11 @@ def _run(
         "workload": str(workload),
         "turns": n_turns,
         "skipped_turns": skipped,
+        "unfit_turns": unfit[:20],
+        "sessions": len({s for s, _ in todo}),
         "max_tokens": max_tokens,
         "threads": threads,
+        "n_ctx": n_ctx,
         "cost_profile": {str(k): v for k, v in profile.items()},
         "raw_cost_profile": {
             str(k): round(v / verifier.raw_cost_seconds[1], 3)
@@ -340,6 +369,10 @@ def _run(
         a = agg[m]
         evaluated = a["prompt_tokens"] - a["cached_prompt_tokens"]
         out[f"{m}_prompt_tok_s"] = round(evaluated / a["prompt_s"], 1) if a["prompt_s"] else 0.0
+        out[f"{m}_prompt_tokens_evaluated"] = int(evaluated)
+        out[f"{m}_prompt_tokens_total"] = int(a["prompt_tokens"])
+        walls = session_wall[m]
+        out[f"{m}_session_wall_s"] = round(sum(walls.values()) / max(len(walls), 1), 3)
         lat = sorted(latencies[m])
         out[f"{m}_turn_p95_s"] = round(lat[int(0.95 * (len(lat) - 1))], 4) if lat else 0.0
         if m in servers:
@@ -375,6 +408,10 @@ def _run(
             out["suffixd_vs_ls_best"] = round(rate("suffixd") / max(rate(best), 1e-9), 3)
             out["suffixd_turn_latency_vs_ls_best"] = round(
                 agg["suffixd"]["total_s"] / max(agg[best]["total_s"], 1e-9), 3)
+            fastest = min(servers, key=lambda m: agg[m]["total_s"])
+            out["llama_server_fastest_sessions"] = fastest
+            out["suffixd_session_wall_vs_ls_fastest"] = round(
+                agg["suffixd"]["total_s"] / max(agg[fastest]["total_s"], 1e-9), 3)
     main = "suffixd" if "suffixd" in verdicts else next(iter(verdicts), None)
     out["identical_turns"] = verdicts[main]["identical"] if main else n_turns
     out["near_tie_turns"] = verdicts[main]["near_tie"] if main else 0

@@ -51,6 +51,7 @@ class LlamaServer:
 
     def __init__(self, binary: str | Path, model: str | Path, *, threads: int, n_ctx: int,
                  spec_type: str | None = None, log_path: Path | None = None) -> None:
+        """``n_ctx`` 0: the model's trained context."""
         self.port = _free_port()
         self.spec_type = spec_type or "none"
         args = [str(binary), "-m", str(model), "-t", str(threads), "-tb", str(threads),

@@ -787,7 +787,9 @@ class Verifier:
         ks = sorted({int(k) for k in ks if 1 <= int(k) <= self.n_batch})
         slot = self._acquire_slot(key)
         try:
-            base = [self.bos_token] + [(7 * i + 100) % self.vocab_size for i in range(511)]
+            # a realistic context: 512 tokens, or what a small context leaves room for
+            n_base = max(1, min(512, self.n_ctx - max(ks) - 1))
+            base = [self.bos_token] + [(7 * i + 100) % self.vocab_size for i in range(n_base - 1)]
             self._make_room(slot, len(base) + max(ks))
             with self._turns:
                 self._seq_rm(slot.seq_id, 0)

@@ -1,0 +1,89 @@
+"""`suffixd bench agent`: whole agent sessions at their real length.
+
+Each session is replayed as an agent runs it: every turn sends the whole conversation
+so far (the recorded messages, as the replay protocol has it: the next turn's history
+holds the recorded assistant message, not the model's output), generates up to
+``--max-tokens``, and every turn of the chosen sessions is replayed, none skipped. The
+verifier's context is the model's trained length unless ``--n-ctx`` says otherwise; a
+turn that cannot fit is counted and reported, never silently dropped.
+
+The same rotation as ``bench generate`` (suffixd plain, suffixd, and with
+``--llama-server`` llama-server plain and its n-gram types, prompt cache on), turn by
+turn; reported per system: session wall time, mean and p95 whole-turn latency, prompt
+tokens actually evaluated (what KV reuse left to compute), decode tok/s.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .bench_generate import MODES, _run, load_session_turns
+
+
+@click.command("agent")
+@click.argument("workload", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--sessions", default=10**9, help="Sessions to replay (from the top) [all].")
+@click.option("--max-tokens", default=64, show_default=True, help="Tokens generated per turn.")
+@click.option("--model", default=None, help="GGUF path or packaged name (default: embedded).")
+@click.option("--n-ctx", default=0, help="Context per session [the model's trained length].")
+@click.option("--threads", default=2, show_default=True)
+@click.option("--modes", default="plain,suffixd", show_default=True)
+@click.option("--llama-server", "llama_server", default=None, metavar="PATH",
+              help="Also run llama-server (plain and its n-gram speculation) side by side.")
+@click.option("--spec-types", default=None, metavar="T1,T2",
+              help="llama-server speculative types [default: every ngram-* type].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | None, n_ctx: int,
+                threads: int, modes: str, llama_server: str | None, spec_types: str | None,
+                as_json: bool) -> None:
+    """Replay WORKLOAD's sessions whole, turn by turn, as an agent sends them."""
+    from ..daemon.model import resolve_model_path
+    from .llama_server import LlamaServer
+    from .llama_server import spec_types as offered_spec_types
+
+    wanted = [m.strip() for m in modes.split(",") if m.strip()]
+    if not wanted or any(m not in MODES for m in wanted) or "plain" not in wanted:
+        raise click.BadParameter(f"--modes: a subset of {MODES} including plain",
+                                 param_hint="--modes")
+    try:
+        model_path = resolve_model_path(model)
+    except FileNotFoundError as exc:
+        raise click.ClickException(str(exc)) from None
+    todo = load_session_turns(workload, sessions)
+    if not todo:
+        raise click.ClickException(f"{workload}: no assistant turns")
+    servers: dict[str, Any] = {}
+    try:
+        if llama_server:
+            types = ([t.strip() for t in spec_types.split(",") if t.strip()] if spec_types
+                     else offered_spec_types(llama_server))
+            for t in [None, *types]:
+                servers["ls-" + (t or "plain")] = LlamaServer(
+                    llama_server, model_path, threads=threads, n_ctx=n_ctx, spec_type=t)
+            for srv in servers.values():
+                srv.wait_ready()
+        out = _run(workload, todo, max_tokens, model_path, n_ctx, threads, wanted, servers,
+                   as_json)
+    finally:
+        for srv in servers.values():
+            srv.close()
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    click.echo(f"{workload.name}: {out['sessions']} sessions, {out['turns']} turns "
+               f"({out['skipped_turns']} do not fit {out['n_ctx']} tokens), "
+               f"{max_tokens} tokens max, {threads} threads")
+    click.echo(f"{'system':<16} {'session s':>10} {'turn s':>8} {'p95 s':>7} "
+               f"{'prompt evaluated':>17} {'decode tok/s':>13}")
+    for m in [*wanted, *servers]:
+        click.echo(f"{m:<16} {out[f'{m}_session_wall_s']:>10.2f} "
+                   f"{out[f'{m}_turn_latency_s']:>8.3f} {out[f'{m}_turn_p95_s']:>7.3f} "
+                   f"{out[f'{m}_prompt_tokens_evaluated']:>17,} {out[f'{m}_tok_s']:>13.2f}")
+    for k in ("speedup_vs_plain", "suffixd_vs_ls_best", "suffixd_session_wall_vs_ls_fastest"):
+        if k in out:
+            click.echo(f"{k}: {out[k]:.3f}")
+    click.echo(f"greedy equivalence (suffixd vs its plain): {out['verdicts']}")
