@@ -319,3 +319,7 @@ bench.add_command(generate_bench)
 from .bench_agent import agent_bench  # noqa: E402  (suffixd bench agent)
 
 bench.add_command(agent_bench)
+
+from .bench_http import http_bench  # noqa: E402  (suffixd bench http)
+
+bench.add_command(http_bench)

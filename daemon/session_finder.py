@@ -1,21 +1,30 @@
 """Which session an OpenAI chat request continues, when it does not say.
 
 An agent resends its whole conversation every turn: turn n+1's messages are turn n's
-messages, then the assistant reply turn n received, then new user/tool messages. So the
-finder remembers, for every reply it served, a digest of the conversation up to and
-including that reply (a hash chain over the namespace and the canonical messages). A new
-request continues session S when the longest prefix of its messages that ends with an
-assistant message has the digest of S's latest reply, and S is not busy with another
-request. Otherwise it opens a new session. Hence:
+messages, then an assistant message (the reply turn n received, or the agent's own
+rewrite of it: trimmed, tool calls re-serialised, a recorded trace's answer), then new
+user/tool messages. The finder keeps, per session, two digests of its latest request (a
+hash chain over the namespace and the canonical messages): of the request's messages
+(the *prompt head*) and of those messages plus the reply served (the *reply head*). A
+new request continues session S when, at its last assistant message:
+
+1. the conversation up to and including that message has S's reply head (the agent
+   resent the reply as served), or
+2. the conversation before that message has S's prompt head, and no other session has
+   that prompt head (the agent rewrote the reply, but the conversation is unambiguous);
+
+and S is not busy with another request. Otherwise it opens a new session. Hence:
 
 * parallel conversations in any interleaving each follow their own session, because
-  every digest covers the whole history up to a reply;
-* two conversations that merely share a system prompt (or even a first user message)
-  never meet: a first turn has no assistant message and always opens a new session;
-* two conversations identical up to a reply (the same prompts, the same greedy reply)
-  are indistinguishable by content: the first to send its next turn continues the
-  session, the other finds the session moved on (or busy) and gets a new one. No
-  conversation ever sees another's tokens it did not itself send.
+  every digest covers the whole history;
+* a first turn (no assistant message) always opens a new session, so two conversations
+  that merely share a system prompt (or even a first user message) never meet: after
+  one turn each, their prompt heads are equal, the rule 2 match is ambiguous, and only
+  their replies (rule 1) tell them apart;
+* two conversations identical up to a reply that the agents rewrite alike are
+  indistinguishable by content; the first to send its next turn continues the session
+  and the other gets a new one. No conversation ever sees tokens it did not send: a
+  session's tree only drafts what the trees hold, and the output is lossless anyway.
 
 Canonical messages: role, the text content (content parts joined, surrounding
 whitespace stripped, since clients trim replies), a tool call's name and arguments,
@@ -84,7 +93,8 @@ def digests(namespace: str, messages: Sequence[Mapping[str, Any]]) -> list[bytes
 @dataclass
 class _Entry:
     session_id: str
-    head: bytes | None  # digest of the conversation up to the session's latest reply
+    prompt_head: bytes | None = None  # digest of the latest request's messages
+    reply_head: bytes | None = None  # ... and of the reply it was served
     busy: bool = False
     last: float = 0.0
 
@@ -99,7 +109,8 @@ class SessionFinder:
         self.prefix = prefix
         self._lock = threading.Lock()
         self._by_session: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
-        self._by_head: dict[tuple[str, bytes], tuple[str, str]] = {}
+        self._by_reply: dict[tuple[str, bytes], tuple[str, str]] = {}
+        self._by_prompt: dict[tuple[str, bytes], set[tuple[str, str]]] = {}
         self.found = 0  # requests that continued a session
         self.opened = 0  # requests that opened one
 
@@ -109,32 +120,46 @@ class SessionFinder:
         now = time.monotonic()
         with self._lock:
             self._expire(now)
-            for i in range(len(messages) - 1, -1, -1):
-                if messages[i].get("role") != "assistant":
-                    continue
-                key = self._by_head.get((namespace, ds[i]))
-                if key is None:
-                    continue
-                entry = self._by_session.get(key)
-                if entry is None or entry.busy or entry.head != ds[i]:
-                    continue
-                entry.busy = True
-                entry.last = now
-                self._by_session.move_to_end(key)
-                self.found += 1
-                return key[1], True
+            last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"),
+                       default=-1)
+            if last >= 0:
+                key = self._match(namespace, ds, last)
+                if key is not None:
+                    entry = self._by_session[key]
+                    entry.busy = True
+                    entry.last = now
+                    self._by_session.move_to_end(key)
+                    self.found += 1
+                    return key[1], True
             sid = self.prefix + secrets.token_hex(8)
-            self._by_session[(namespace, sid)] = _Entry(sid, None, busy=True, last=now)
+            self._by_session[(namespace, sid)] = _Entry(sid, busy=True, last=now)
             self.opened += 1
             while len(self._by_session) > self.max_entries:
                 self._drop(next(iter(self._by_session)))
             return sid, False
 
+    def _match(self, ns: str, ds: list[bytes], at: int) -> tuple[str, str] | None:
+        key = self._by_reply.get((ns, ds[at]))
+        if key is not None:
+            entry = self._by_session.get(key)
+            if entry is not None and not entry.busy and entry.reply_head == ds[at]:
+                return key
+        if at == 0:
+            return None
+        keys = self._by_prompt.get((ns, ds[at - 1]), set())
+        if len(keys) != 1:
+            return None  # nobody, or ambiguous: only the reply could tell them apart
+        (key,) = keys
+        entry = self._by_session.get(key)
+        if entry is None or entry.busy or entry.prompt_head != ds[at - 1]:
+            return None
+        return key
+
     def release(self, namespace: str, session_id: str,
                 messages: Sequence[Mapping[str, Any]] | None, reply: str | None) -> None:
-        """The request ended. With its messages and the reply it got, the session's head
-        moves to the conversation after that reply; without (an error, a disconnect) the
-        session keeps its previous head, so a retry of the same turn continues it."""
+        """The request ended. With its messages and the reply it got, the session's heads
+        move to this request; without (an error, a disconnect) they stay where they were,
+        so a retry of the same turn continues the session."""
         key = (namespace, session_id)
         with self._lock:
             entry = self._by_session.get(key)
@@ -145,11 +170,11 @@ class SessionFinder:
             self._by_session.move_to_end(key)
             if messages is None or reply is None:
                 return
-            head = digests(namespace, [*messages, {"role": "assistant", "content": reply}])[-1]
-            if entry.head is not None:
-                self._by_head.pop((namespace, entry.head), None)
-            entry.head = head
-            self._by_head[(namespace, head)] = key
+            ds = digests(namespace, [*messages, {"role": "assistant", "content": reply}])
+            self._unindex(key, entry)
+            entry.prompt_head, entry.reply_head = ds[-2], ds[-1]
+            self._by_reply[(namespace, entry.reply_head)] = key
+            self._by_prompt.setdefault((namespace, entry.prompt_head), set()).add(key)
 
     def forget(self, namespace: str, session_id: str) -> None:
         with self._lock:
@@ -158,11 +183,21 @@ class SessionFinder:
     def __len__(self) -> int:
         return len(self._by_session)
 
+    def _unindex(self, key: tuple[str, str], entry: _Entry) -> None:
+        ns = key[0]
+        if entry.reply_head is not None and self._by_reply.get((ns, entry.reply_head)) == key:
+            del self._by_reply[(ns, entry.reply_head)]
+        if entry.prompt_head is not None:
+            keys = self._by_prompt.get((ns, entry.prompt_head))
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._by_prompt[(ns, entry.prompt_head)]
+
     def _drop(self, key: tuple[str, str]) -> None:
         entry = self._by_session.pop(key, None)
-        if (entry is not None and entry.head is not None
-                and self._by_head.get((key[0], entry.head)) == key):
-            del self._by_head[(key[0], entry.head)]
+        if entry is not None:
+            self._unindex(key, entry)
 
     def _expire(self, now: float) -> None:
         while self._by_session:

@@ -288,3 +288,39 @@ def test_finder_is_bounded() -> None:
     dropped = [{"role": "user", "content": "q0"}, {"role": "assistant", "content": "r0"},
                {"role": "user", "content": "more"}]
     assert not f.claim("ns", dropped)[1]
+
+
+def test_finder_follows_an_agent_that_rewrites_replies() -> None:
+    """Agents resend a reply trimmed, re-serialised or replaced by a recorded one: the
+    conversation before it still names the session, when no other session shares it."""
+    f = SessionFinder()
+    m1 = [{"role": "system", "content": "S"}, {"role": "user", "content": "q1"}]
+    sid, _ = f.claim("ns", m1)
+    f.release("ns", sid, m1, "what the model said")
+    m2 = [*m1, {"role": "assistant", "content": "what the agent kept"},
+          {"role": "user", "content": "q2"}]
+    assert f.claim("ns", m2) == (sid, True)
+    f.release("ns", sid, m2, "second reply")
+    m3 = [*m2, {"role": "assistant", "content": None,
+                "tool_calls": [{"function": {"name": "run", "arguments": "{}"}}]},
+          {"role": "tool", "content": "ok", "tool_call_id": "1"}]
+    assert f.claim("ns", m3) == (sid, True)
+
+
+def test_finder_never_guesses_between_identical_first_turns() -> None:
+    f = SessionFinder()
+    m1 = [{"role": "system", "content": "S"}, {"role": "user", "content": "q"}]
+    a, _ = f.claim("ns", m1)
+    f.release("ns", a, m1, "ra")
+    b, _ = f.claim("ns", m1)
+    f.release("ns", b, m1, "rb")
+    assert a != b
+    # the replies as served tell the two conversations apart...
+    assert f.claim("ns", [*m1, {"role": "assistant", "content": "rb"},
+                          {"role": "user", "content": "next"}]) == (b, True)
+    assert f.claim("ns", [*m1, {"role": "assistant", "content": "ra"},
+                          {"role": "user", "content": "next"}]) == (a, True)
+    # ...a rewritten one cannot, so it opens a session of its own rather than guess
+    sid, found = f.claim("ns", [*m1, {"role": "assistant", "content": "rewritten"},
+                                {"role": "user", "content": "next"}])
+    assert not found and sid not in (a, b)
