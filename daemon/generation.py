@@ -39,6 +39,9 @@ DEFAULT_MAX_TOKENS = 256
 MAX_TOKENS_LIMIT = 8192
 DEFAULT_DRAFT = 32
 MAX_DRAFT = 64
+# Relative change of a batch size's cost that makes serving's measurement replace the
+# drafter's cost profile (below it: measurement noise).
+PROFILE_DRIFT = 0.15
 
 
 class Runtime:
@@ -131,6 +134,7 @@ class Generation:
         # response), so a follow-up prompt that repeats them appends only its new part
         self._seen: dict[tuple[str, str], list[int]] = {}
         self._seen_lock = threading.Lock()
+        self.profile_updates = 0  # times serving's costs replaced the drafter's profile
 
     @property
     def loaded(self) -> Runtime | None:
@@ -174,6 +178,22 @@ class Generation:
         if seen and prompt[: len(seen)] == seen:
             return prompt[len(seen) :]
         return prompt
+
+    def _refresh_cost_profile(self, rt: Runtime) -> None:
+        """Plan drafts with what verification costs now (Verifier.live_cost_profile): a
+        profile that moved by more than PROFILE_DRIFT at some size replaces the drafter's.
+        Drafting must pay on a loaded machine as on a quiet one."""
+        live = rt.verifier.live_cost_profile()
+        if live is None:
+            return
+        current = {int(k): v for k, v in rt.cost_profile.items()}
+        if all(abs(live[k] - current.get(k, live[k])) <= PROFILE_DRIFT * current.get(k, 1.0)
+               for k in live):
+            return
+        rt.cost_profile = {str(k): v for k, v in live.items()}
+        self.engine.drafter.set_cost_profile(CostProfile.from_json(rt.cost_profile))
+        self.profile_updates += 1
+        log.info("verifier cost profile updated from serving: %s", rt.cost_profile)
 
     def forget_session(self, ns: str, sid: str) -> None:
         with self._seen_lock:
@@ -244,6 +264,7 @@ class Generation:
             )
 
         generated: list[int] = []
+        self._refresh_cost_profile(rt)
         try:
             for chunk in rt.verifier.generate(vkey, prompt, params, propose, on_step):
                 if cancelled is not None and cancelled.is_set():

@@ -243,6 +243,8 @@ def _draw(p: np.ndarray, rng: np.random.Generator) -> int:
 # A bigger batch shape is used in place of a smaller one only when it is at least this
 # much cheaper, so that measurement noise does not make every batch a padded one.
 PAD_MARGIN = 0.95
+# Weight of each new verification step in the serving cost averages (~30 steps' memory).
+LIVE_COST_ALPHA = 0.03
 # Rounds of the cost measurement while it still looks load-distorted (see
 # measure_cost_profile); one round of 33 sizes takes about 1.5 s here.
 MAX_PROFILE_ROUNDS = 8
@@ -417,6 +419,10 @@ class Verifier:
         self.cost_seconds: dict[int, float] = {}
         self.raw_cost_seconds: dict[int, float] = {}
         self._pad_to: dict[int, int] = {}
+        # What verification steps cost while serving, by tokens verified (draft + 1):
+        # an exponential average of seconds and a sample count (see live_cost_profile).
+        self._live_s: dict[int, float] = {}
+        self._live_n: dict[int, int] = {}
 
     # ----------------------------------------------------------------- vocabulary
 
@@ -670,7 +676,9 @@ class Verifier:
             n_past = len(slot.tokens)
             gaps: list[TokenGap] = []
             with self._turns:
+                t_step = time.perf_counter()
                 self._decode(slot.seq_id, batch, n_past, all_logits=True)
+                self._observe_cost(len(path) + 1, time.perf_counter() - t_step)
                 # Rows are read in place and only up to the first rejection: copying
                 # 262k logits per drafted position costs more than the argmax.
                 rows = _LogitRows(self, len(path) + 1)
@@ -830,6 +838,37 @@ class Verifier:
         self._pad_to, self.cost_seconds = plan_batch_shapes(self.raw_cost_seconds)
         one = self.cost_seconds[min(self.cost_seconds)]
         return {k: round(self.cost_seconds[k] / one, 3) for k in ks}
+
+    def _observe_cost(self, n: int, seconds: float) -> None:
+        old = self._live_s.get(n)
+        self._live_s[n] = seconds if old is None else old + LIVE_COST_ALPHA * (seconds - old)
+        self._live_n[n] = self._live_n.get(n, 0) + 1
+
+    def live_cost_profile(self, min_samples: int = 16) -> dict[int, float] | None:
+        """The cost profile as serving measures it (relative to one token), for the sizes
+        verified at least ``min_samples`` times, the start-up measurement elsewhere; None
+        until plain steps (one token) have been seen that often.
+
+        The start-up profile is one moment of this machine: other processes, another
+        session's long prompt or a thermal limit change what a batch costs relative to
+        one token (under load, llama.cpp's threads wait for each other at every op, which
+        makes small batches dearer), and a drafter planning with a stale profile drafts
+        too much or too little."""
+        if self._live_n.get(1, 0) < min_samples or not self.cost_seconds:
+            return None
+        one = self._live_s[1]
+        measured = self.cost_seconds[min(self.cost_seconds)]
+        start = {k: v / measured for k, v in self.cost_seconds.items()}
+        live = {k: self._live_s[k] / one for k, n in self._live_n.items()
+                if n >= min_samples and k > 1}
+        # Sizes serving has not seen keep the start-up shape, moved by how much the
+        # sizes it has seen moved (so the profile stays one consistent curve).
+        moved = [live[k] / start[k] for k in live if k in start]
+        factor = float(np.exp(np.mean(np.log(moved)))) if moved else 1.0
+        out = {k: v * factor for k, v in start.items()}
+        out.update(live)
+        out[1] = 1.0
+        return {k: round(max(v, 1.0), 3) for k, v in sorted(out.items())}
 
     def _rows(
         self, seq_id: int, tokens: Sequence[int], pos0: int, batch_size: int

@@ -394,3 +394,25 @@ def test_control_tokens_in_messages_are_data(verifier: Verifier) -> None:
     if renderer.add_bos and expected[:1] != [verifier.bos_token]:
         expected = [verifier.bos_token, *expected]
     assert renderer.tokens(plain) == expected
+
+
+def test_live_cost_profile_follows_what_serving_measures() -> None:
+    """Serving's step times replace the start-up profile where sizes were seen often
+    enough; the drafter plans with what verification costs now (a loaded machine makes
+    small batches dearer relative to large ones)."""
+    v = Verifier.__new__(Verifier)
+    v._live_s, v._live_n = {}, {}
+    v.cost_seconds = {1: 0.010, 4: 0.020, 8: 0.030, 16: 0.060}
+    assert v.live_cost_profile() is None  # nothing served yet
+    for _ in range(40):
+        v._observe_cost(1, 0.020)  # one token now costs twice what it did
+        v._observe_cost(8, 0.030)
+    v._observe_cost(16, 0.5)  # seen once: not enough to trust
+    live = v.live_cost_profile()
+    assert live is not None and live[1] == 1.0
+    assert live[8] == pytest.approx(1.5, rel=0.02)  # 0.030 / 0.020, measured while serving
+    # sizes serving did not see keep the start-up shape, moved as the seen ones moved
+    # (size 8: 3.0 at start-up, 1.5 now)
+    assert live[4] == pytest.approx(1.0, rel=0.02)
+    assert live[16] == pytest.approx(3.0, rel=0.02)
+    assert list(live.values()) == sorted(live.values())
