@@ -1,0 +1,39 @@
+"""The daemon's tokenizer (the embedded model's vocabulary)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+from suffixd.daemon.model import Tokenizer, embedded_model_path
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return Tokenizer(embedded_model_path())
+
+
+def test_detokenize_round_trips_and_keeps_long_pieces(tok: Tokenizer) -> None:
+    text = "SELECT name FROM singer WHERE age > 30 -- ünïcödé, 日本語"
+    assert tok.detokenize(tok.tokenize(text)) == text
+    assert tok.detokenize([tok._bos, *tok.tokenize(text)]) == text  # BOS adds no space
+    # pieces longer than 32 bytes (llama-cpp-python's own detokenize drops them)
+    long_piece = max(range(tok.vocab_size), key=lambda t: len(tok._piece(t)))
+    assert len(tok._piece(long_piece)) > 32
+    assert tok.detokenize([long_piece]).encode() == tok._piece(long_piece)
+
+
+def test_detokenize_is_linear(tok: Tokenizer) -> None:
+    rng = random.Random(7)
+    ids = [rng.randrange(tok.vocab_size) for _ in range(1_000_000)]
+    tok.detokenize(ids)  # every piece looked up once
+
+    def seconds(n: int) -> float:
+        t0 = time.process_time()
+        tok.detokenize(ids[:n])
+        return time.process_time() - t0
+
+    small, big = min(seconds(100_000) for _ in range(3)), min(seconds(1_000_000) for _ in range(2))
+    assert big < 3.0  # ~0.3 s of CPU here; the quadratic version took 38 s
+    assert big < 25 * max(small, 1e-3)  # 10x the ids, ~10x the time (quadratic: ~100x)
