@@ -22,7 +22,8 @@ from suffixd.daemon.verifier import (
     plan_batch_shapes,
 )
 
-SPIDER = Path(__file__).resolve().parents[2] / "shared" / "data" / "workloads" / "spider_dev.jsonl"
+# Text-to-SQL agent sessions written for the project (examples/make_examples.py).
+WORKLOAD = Path(__file__).resolve().parents[1] / "examples" / "workloads" / "sql_agent.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def verifier() -> Verifier:
 def spider_turns(renderer: ChatRenderer, sessions: int, per_session: int) -> list[tuple]:
     """(session, prompt tokens, recorded response) for the first turns of the first sessions."""
     out = []
-    with SPIDER.open() as f:
+    with WORKLOAD.open() as f:
         for line, _ in zip(f, range(sessions), strict=False):
             rec = json.loads(line)
             msgs = rec["messages"]
