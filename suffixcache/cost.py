@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 # gemma-3-270m Q4_K_M through llama-cpp-python on a 2-core x86 machine
-# (../shared/data/README.md, the replay protocol's default).
+# (the default profile of the replay protocol that the benchmark traces come with).
 CPU_DEFAULT_POINTS: dict[int, float] = {1: 1.0, 4: 1.96, 8: 2.53, 16: 5.13, 32: 7.71}
 
 
