@@ -109,8 +109,18 @@ def stop_daemon(proc: Any) -> None:
         proc.wait(60)
 
 
+def require_data(workloads: list[str]) -> None:
+    """Exit with a message (not a traceback) when the benchmark traces are missing."""
+    missing = [w for w in workloads if not (DATA / "workloads" / f"{w}.jsonl").is_file()]
+    if missing:
+        sys.exit(f"daemon_bench needs the recorded traces {', '.join(missing)} in "
+                 f"{DATA / 'workloads'} (../shared/data beside the repository, or set "
+                 "SUFFIXD_DATA)")
+
+
 def load_turns(workload: str, limit: int) -> list[tuple[list[int], list[int]]]:
     """(prompt tokens, response tokens) per assistant turn, replay-protocol tokenization."""
+    require_data([workload])
     from suffixd.daemon.model import Tokenizer, embedded_model_path
 
     tok = Tokenizer(embedded_model_path())
@@ -133,6 +143,7 @@ def load_turns(workload: str, limit: int) -> list[tuple[list[int], list[int]]]:
 
 def load_responses(workloads: list[str]) -> list[list[int]]:
     """Every assistant message of the workloads, tokenized (replay protocol)."""
+    require_data(workloads)
     from suffixd.daemon.model import Tokenizer, embedded_model_path
 
     tok = Tokenizer(embedded_model_path())

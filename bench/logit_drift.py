@@ -26,6 +26,9 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "workloads"
 def main() -> None:
     sessions = int(sys.argv[1]) if len(sys.argv) > 1 else 6
     per_session = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    if not (DATA / "spider_dev.jsonl").is_file():
+        sys.exit(f"logit_drift needs the recorded traces: no {DATA / 'spider_dev.jsonl'} "
+                 "(../shared/data beside the repository)")
     v = Verifier(resolve_model_path(None), n_ctx=8192, n_slots=4)
     renderer = ChatRenderer(v)
     turns = []

@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("workload", type=Path)
     ap.add_argument("--sessions", type=int, default=None, help="replay only the first N")
     args = ap.parse_args(argv)
+    if not args.workload.is_file():
+        ap.error(f"no workload file {args.workload} (the benchmark traces live in "
+                 "../shared/data/workloads; examples/workloads has small ones)")
     profile = CostProfile.cpu_default()
     sessions = tokenized_workload(args.workload, None, args.sessions)
     probe = CutProbe(profile)

@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--factor", type=float, action="append", default=None)
     ap.add_argument("--sessions", type=int, default=None, help="only the first N sessions")
     args = ap.parse_args(argv)
+    if not args.workload.is_file():
+        ap.error(f"no workload file {args.workload} (the benchmark traces live in "
+                 "../shared/data/workloads; examples/workloads has small ones)")
     sessions = tokenized_workload(args.workload, None, args.sessions)
     profile = CostProfile.cpu_default()
     for factor in args.factor or [1.0, 0.95, 0.9, 0.8]:

@@ -138,6 +138,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("traces")
     p.add_argument("--cost-profile", default=None)
     args = ap.parse_args(argv)
+    source = Path(args.workload if args.cmd == "record" else args.traces)
+    if not source.is_file():
+        ap.error(f"no such file: {source} (the benchmark workloads live in "
+                 "../shared/data/workloads)")
     {"record": record, "replay": replay}[args.cmd](args)
 
 

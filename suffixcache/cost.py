@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 # gemma-3-270m Q4_K_M through llama-cpp-python on a 2-core x86 machine
-# (../shared/data/README.md, the replay protocol's default).
+# (the default profile of the replay protocol that the benchmark traces come with).
 CPU_DEFAULT_POINTS: dict[int, float] = {1: 1.0, 4: 1.96, 8: 2.53, 16: 5.13, 32: 7.71}
 
 
@@ -32,7 +32,7 @@ class CostProfile:
                 raise ValueError("cost profile values must be finite and > 0")
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str | int, float]) -> CostProfile:
+    def from_mapping(cls, mapping: Mapping[str, float] | Mapping[int, float]) -> CostProfile:
         try:
             pts = sorted((int(k), float(v)) for k, v in mapping.items())
         except (TypeError, ValueError) as exc:
@@ -45,7 +45,9 @@ class CostProfile:
         return cls(tuple((k, v / base) for k, v in pts))
 
     @classmethod
-    def from_json(cls, text_or_mapping: str | Mapping[str | int, float]) -> CostProfile:
+    def from_json(
+        cls, text_or_mapping: str | Mapping[str, float] | Mapping[int, float]
+    ) -> CostProfile:
         if isinstance(text_or_mapping, str):
             try:
                 data = json.loads(text_or_mapping)

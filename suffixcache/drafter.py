@@ -50,12 +50,9 @@ SOURCES = ("session", "global", "corpus")
 SOURCE_IDS = {name: i for i, name in enumerate(SOURCES)}
 CALIBRATION_PRIOR_WEIGHT = 4.0
 # An upper-confidence bonus, in standard errors, on the calibrated acceptance (the
-# calibrator learns only from what it drafts). It is off: measured with every step fed
-# back (empty drafts included), one standard error gains nothing on the model's own
-# greedy outputs (bench/trace_replay.py: 1.502 vs 1.509 on 238 spider_dev turns, 1.443 vs
-# 1.450 on 60 prose turns) and costs 2% on the replay protocol (1.908 vs 1.948 on
-# spider_dev). An earlier gain from it (1.351 -> 1.417) compensated for a bug: the
-# achieved rate counted only the steps with a draft.
+# calibrator learns only from what it drafts). Off: once every step is fed back (empty
+# drafts included) and the calibrator learns at its cut, the bonus gains nothing on the
+# model's own outputs and costs on the replay (docs/research-log.md).
 CALIBRATION_OPTIMISM = 0.0
 MAX_TRACKED_SESSIONS = 100_000
 RATE_DECAY = 0.999  # the achieved rate averages over roughly the last thousand steps
@@ -311,8 +308,8 @@ class Drafter:
         locate the accepted branch. After a draft accepted whole, the tokens past it
         also say whether the candidates the length rule declined would have been
         accepted: without that evidence the calibrator never sees the tokens past
-        its cut and overrates them (0.47 estimated vs 0.37 accepted on spider_dev,
-        bench/policy_cut.py). The verifier's next token judges the first of them at
+        its cut and overrates them (bench/policy_cut.py measures the calibration
+        there). The verifier's next token judges the first of them at
         once; the draft is held for the rest until the session's next steps, whose
         tokens continue the same text, have judged them.
         """

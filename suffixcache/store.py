@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lmdb
 import msgpack
@@ -78,10 +78,11 @@ def _key(*parts: str) -> bytes:
 
 
 def _dump(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
 
 
-def _load(data: bytes) -> Any:
+def _load(data: bytes | memoryview) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
@@ -161,7 +162,7 @@ class Txn:
         out: list[int] = []
         cur = self.txn.cursor(db=self._s._sresp)
         ok = cur.set_range(prefix)
-        while ok and cur.key().startswith(prefix):
+        while ok and cast(bytes, cur.key()).startswith(prefix):
             out.append(int.from_bytes(cur.key()[len(prefix) :], "big"))
             ok = cur.next()
         return out
@@ -171,7 +172,7 @@ class Txn:
         for db in (self._s._chunk, self._s._sresp):
             cur = self.txn.cursor(db=db)
             if cur.set_range(prefix):
-                while cur.key().startswith(prefix):
+                while cast(bytes, cur.key()).startswith(prefix):
                     if not cur.delete():
                         break
         self.txn.delete(_key(ns, sid), db=self._s._sess)
@@ -199,8 +200,8 @@ def _nothing(_t: Txn) -> None:
     return None
 
 
-def _decode_seq(seq_id: int, raw: bytes) -> dict[str, Any]:
-    rec = _load(raw)
+def _decode_seq(seq_id: int, raw: bytes | memoryview) -> dict[str, Any]:
+    rec: dict[str, Any] = _load(raw)
     rec["id"] = seq_id
     rec["tokens"] = unpack_tokens(rec.pop("tok"))
     return rec

@@ -8,13 +8,13 @@ from pathlib import Path
 from click.testing import CliRunner
 from suffixd.cli.main import main
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "workloads"
+WORKLOAD = Path(__file__).resolve().parents[1] / "examples" / "workloads" / "sql_agent.jsonl"
 
 
 def test_bench_generate_json_reports_all_modes() -> None:
     result = CliRunner().invoke(
         main,
-        ["bench", "generate", str(DATA / "spider_dev.jsonl"), "--turns", "3",
+        ["bench", "generate", str(WORKLOAD), "--turns", "3",
          "--max-tokens", "12", "--json"],
     )
     assert result.exit_code == 0, result.output
@@ -34,7 +34,7 @@ def test_bench_generate_json_reports_all_modes() -> None:
 
 def test_bench_generate_rejects_bad_modes() -> None:
     result = CliRunner().invoke(
-        main, ["bench", "generate", str(DATA / "spider_dev.jsonl"), "--modes", "suffixd"]
+        main, ["bench", "generate", str(WORKLOAD), "--modes", "suffixd"]
     )
     assert result.exit_code != 0 and "including plain" in result.output
 

@@ -1,4 +1,4 @@
-"""`suffixd bench replay` end to end on the shared spider_dev trace (real tokenizer)."""
+"""`suffixd bench replay` end to end on the example text-to-SQL workload (real tokenizer)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import pytest
 from suffixcache import CostProfile, DraftConfig
 from suffixcache.replay import Message, Session, SuffixSource, replay
 
-WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "data" / "workloads"
-SPIDER = WORKLOADS / "spider_dev.jsonl"
+SQL_AGENT = Path(__file__).resolve().parents[1] / "examples" / "workloads" / "sql_agent.jsonl"
 
 
 def _msg(role: str, content: list[int]) -> Message:
@@ -45,10 +44,9 @@ def test_replay_without_reuse_is_plain_decoding() -> None:
     assert res.figures()["cpu_model_speedup"] == pytest.approx(1.0)
 
 
-@pytest.mark.skipif(not SPIDER.exists(), reason="shared data not present")
 def test_bench_replay_cli_json_side_by_side(tmp_path: Path) -> None:
     small = tmp_path / "spider3.jsonl"
-    small.write_text("".join(SPIDER.read_text(encoding="utf-8").splitlines(keepends=True)[:3]))
+    small.write_text("".join(SQL_AGENT.read_text(encoding="utf-8").splitlines(keepends=True)[:3]))
     out = subprocess.run(
         [
             sys.executable,
@@ -116,7 +114,6 @@ def test_bench_replay_rejects_bad_input(tmp_path: Path) -> None:
     assert out.returncode != 0 and "Traceback" not in out.stderr
 
 
-@pytest.mark.skipif(not SPIDER.exists(), reason="shared data not present")
 def test_bench_tree_cli_reports_native_figures() -> None:
     out = subprocess.run(
         [
@@ -125,7 +122,7 @@ def test_bench_tree_cli_reports_native_figures() -> None:
             "suffixd.cli.main",
             "bench",
             "tree",
-            str(SPIDER),
+            str(SQL_AGENT),
             "--sessions",
             "2",
             "--json",

@@ -24,11 +24,8 @@ from suffixd.daemon.corpus import (
     walk,
 )
 
-SHARED_SQL = Path("/work/shared/data/corpus/sql/classical_test_gold.sql")
-if not SHARED_SQL.exists():  # a fresh clone next to shared/
-    SHARED_SQL = (
-        Path(__file__).resolve().parents[2] / "shared/data/corpus/sql/classical_test_gold.sql"
-    )
+# The example corpus keeps one statement per line in this file (examples/make_examples.py).
+EXAMPLE_SQL = Path(__file__).resolve().parents[1] / "examples" / "corpus" / "sql" / "queries.sql"
 
 
 # --------------------------------------------------------------------------- SQL
@@ -65,8 +62,8 @@ def test_sql_unterminated_string_keeps_rest_as_one_statement() -> None:
     assert split_sql("SELECT 'oops; FROM t; SELECT 2;") == ["SELECT 'oops; FROM t; SELECT 2;"]
 
 
-def test_sql_one_statement_per_line_file_of_shared_corpus() -> None:
-    text = SHARED_SQL.read_text()
+def test_sql_one_statement_per_line_file_of_example_corpus() -> None:
+    text = EXAMPLE_SQL.read_text()
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     assert split_sql(text) == lines
 

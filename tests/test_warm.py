@@ -246,15 +246,21 @@ def test_watch_follows_changes_and_deletes(daemon: Any, tmp_path: Path) -> None:
     assert code == 0, (tmp_path / "watch.log").read_text()
 
 
+def many_statements(n: int) -> list[str]:
+    """n distinct one-line SQL statements of ~130 tokens each, built from the example corpus."""
+    base = (Path(__file__).resolve().parents[1] / "examples/corpus/sql/queries.sql")
+    queries = [q.removesuffix(" ;") for q in base.read_text().splitlines() if q.strip()]
+    k = len(queries)
+    return [f"{queries[i % k]} AND {queries[(i * 7) % k].split()[1]} <> {i} "
+            f"OR ({queries[(i * 3 + 1) % k]}) IS NULL OR ({queries[(i * 5 + 2) % k]}) = {i % 97} ;"
+            for i in range(n)]
+
+
 def test_killed_warm_process_resumes_consistently(daemon: Any, tmp_path: Path) -> None:
     root = tmp_path / "many"
     root.mkdir()
     # Enough work that the warm is still running when it is killed.
-    lines = (Path(__file__).resolve().parents[2] / "shared/data/corpus/sql"
-             / "classical_test_gold.sql")
-    if not lines.exists():
-        lines = Path("/work/shared/data/corpus/sql/classical_test_gold.sql")
-    stmts = lines.read_text().splitlines()
+    stmts = many_statements(3500)
     n_files = 40
     per = len(stmts) // n_files
     for i in range(n_files):
