@@ -783,6 +783,8 @@ class Fleet:
 
     def local_status(self) -> dict[str, Any]:
         lat = sorted(self._apply_lat)
+        with contextlib.suppress(Exception):  # the store may be closing
+            self.backlog = self._backlog()
 
         def q(p: float) -> float:
             return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 3) if lat else 0.0
