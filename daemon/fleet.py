@@ -511,12 +511,14 @@ class Fleet:
                 return
             except self._redis_mod.RedisError as exc:
                 self._down(exc)
+                self._reload_state()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
             except Exception:
                 if self._stop.is_set():
                     return
                 log.exception("fleet: applying entries failed; retrying")
+                self._reload_state()
                 self._stop.wait(1.0)
 
     def _consume(self, res: list[Any]) -> None:
@@ -531,30 +533,61 @@ class Fleet:
             if trim is not None and _sid(trim) > _sid(self.pos.get(ns, "0-0")):
                 self._load_snapshot(ns)
                 continue
+            # Consecutive peers' responses are applied in one transaction (catch-up speed).
+            run: list[tuple[dict[str, Any], dict[str, Any]]] = []
             for sid, fields in entries:
                 if self._stop.is_set():
                     break
-                self._apply(ns, sid.decode(), fields)
+                parsed = self._parse(ns, sid.decode(), fields)
+                if parsed is None:
+                    continue
+                e, rep = parsed
+                if e["op"] == "resp" and rep["src"] != self.src:
+                    run.append((e, rep))
+                    continue
+                self._apply_responses(ns, run)
+                run = []
+                self._apply(ns, e, rep)
+            self._apply_responses(ns, run)
         self._flush_positions()
 
-    def _apply(self, ns: str, sid: str, fields: dict[bytes, bytes]) -> None:
+    def _parse(self, ns: str, sid: str,
+               fields: dict[bytes, bytes]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The entry and its replica record, or None when it is skipped (a duplicate,
+        unreadable). Counts it as seen (in memory: a failed apply reloads the state)."""
         try:
             e = _load(fields[b"d"])
-            src, n, op = str(e["src"]), int(e.get("n") or 0), str(e["op"])
+            src, n = str(e["src"]), int(e.get("n") or 0)
+            str(e["op"])
         except Exception:
             log.warning("fleet: skipped an unreadable entry", extra={"namespace": ns,
                                                                      "id": sid})
             self._skip({"ns": ns, "id": sid})
-            return
+            return None
         rep = {"ns": ns, "id": sid, "src": src, "n": n}
         if n and n <= self.seen.get((ns, src), 0):
             self._skip(rep)
-            return
-        own = src == self.src
+            return None
+        if n:
+            self.seen[(ns, src)] = n
+        return e, rep
+
+    def _reload_state(self) -> None:
+        """After a failed apply: the positions and outbox numbers as stored (in memory
+        they may be ahead of what committed)."""
+        self.pos = {k[2:].decode(): str(v) for k, v in self.store.fleet_items(b"p\x00")}
+        seen: dict[tuple[str, str], int] = {}
+        for k, v in self.store.fleet_items(b"s\x00"):
+            ns, _, src = k[2:].decode().partition("\x00")
+            seen[(ns, src)] = int(v)
+        self.seen = seen
+        self._dirty_pos.clear()
+
+    def _apply(self, ns: str, e: dict[str, Any], rep: dict[str, Any]) -> None:
+        own = rep["src"] == self.src
+        op = str(e["op"])
         try:
-            if op == "resp":
-                done = not own and self._apply_resp(ns, e, rep)
-            elif op == "evict":
+            if op == "evict":
                 done = not own and self._apply_evict(ns, e, rep)
             elif op in ("doc", "undoc"):
                 done = self._apply_doc(ns, e, rep, own)
@@ -562,7 +595,7 @@ class Fleet:
                 done = False
         except EngineError as exc:
             # Refused by the engine (a limit of this node): skip it rather than stall.
-            log.warning("fleet: entry refused", extra={"namespace": ns, "id": sid,
+            log.warning("fleet: entry refused", extra={"namespace": ns, "id": rep["id"],
                                                        "error": str(exc)})
             done = False
         if done:
@@ -572,27 +605,47 @@ class Fleet:
         else:
             self._skip(rep)
 
-    def _apply_resp(self, ns: str, e: dict[str, Any], rep: dict[str, Any]) -> bool:
-        origin = str(e["o"])
-        if origin.startswith(self.src + ":"):
-            return False
-        toks = unpack_tokens(e["tok"])
-        rkey = self._rkey(ns, origin)
+    def _apply_responses(self, ns: str,
+                         run: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+        """Peers' responses, in one transaction with the position after the last."""
+        if not run:
+            return
+        last = run[-1][1]
+        top: dict[str, int] = {}
+        for _e, rep in run:
+            if rep["n"]:
+                top[rep["src"]] = max(top.get(rep["src"], 0), int(rep["n"]))
 
-        def write(t: Txn) -> int | None:
-            if t.fleet_get(rkey) is not None:
-                self._mark_applied(t, rep)
-                return None
-            seq = t.add_sequence(ns, "response", toks, meta={"origin": origin})
-            t.fleet_put(rkey, seq)
-            self._mark_applied(t, rep)
-            return seq
+        def write(t: Txn) -> list[tuple[int, list[int]] | None]:
+            out: list[tuple[int, list[int]] | None] = []
+            fresh: set[str] = set()
+            for e, _rep in run:
+                origin = str(e["o"])
+                rkey = self._rkey(ns, origin)
+                if origin.startswith(self.src + ":") or origin in fresh \
+                        or t.fleet_get(rkey) is not None:
+                    out.append(None)  # ours, or already here (a re-published copy)
+                    continue
+                fresh.add(origin)
+                toks = unpack_tokens(e["tok"])
+                seq = t.add_sequence(ns, "response", toks, meta={"origin": origin})
+                t.fleet_put(rkey, seq)
+                out.append((seq, toks))
+            t.fleet_put(b"p\x00" + _b(ns), last["id"])
+            for src, n in top.items():
+                t.fleet_put(b"s\x00" + _b(ns) + b"\x00" + src.encode(), n)
+            return out
 
-        seq = self.store.write(write)
-        if seq is None:
-            return False
-        self._add_to_tree(ns, seq, toks)
-        return True
+        added = self.store.write(write)
+        now = time.time()
+        for (e, rep), got in zip(run, added, strict=True):
+            self._handled(rep)
+            if got is None:
+                self.skipped += 1
+                continue
+            self._add_to_tree(ns, *got)
+            self.applied += 1
+            self._apply_lat.append(max(0.0, now - float(e.get("t", now))))
 
     def _add_to_tree(self, ns: str, seq: int, toks: list[int]) -> None:
         evicted = self.engine.cache.add_response(ns, seq, toks)

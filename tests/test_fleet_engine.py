@@ -79,8 +79,7 @@ def test_an_entry_applied_twice_changes_nothing(redis_server: RedisServer, nodes
     entries = r.xrange(key)
     assert len(entries) == 2
     # The same stream entries again (a consumer replaying its position) ...
-    for sid, fields in entries:
-        b.fleet._apply("ns", sid.decode(), fields)
+    b.fleet._consume([(key, entries)])
     # ... and re-published copies under new ids without an outbox number (an overflow
     # re-publish): both change nothing.
     import msgpack
