@@ -114,8 +114,9 @@ def bench_lag(clients: int, seconds: float, procs: int) -> None:
             time.sleep(1.5)  # the last entries and a heartbeat
             sb = _fleet_status(tb)
             sa = _fleet_status(ta)
-            spec = sum(len(v["spec"]) for o in outs for v in o["out"].values())
-            sessions = sum(v["sessions"] for o in outs for v in o["out"].values())
+            per_client = [v for o in outs for k, v in o.items() if k != "cpu_s"]
+            spec = sum(len(v["spec"]) for v in per_client)
+            sessions = sum(v["sessions"] for v in per_client)
             print(json.dumps({
                 "bench": "fleet-lag", "clients": clients, "seconds": seconds,
                 "speculate_rpc_s": round(spec / seconds), "turns": sessions,

@@ -488,7 +488,7 @@ class Fleet:
 
     def _consume_loop(self) -> None:
         backoff = 0.05
-        last_hk = 0.0
+        last_hk = last_ns = 0.0
         while not self._stop.is_set():
             try:
                 if not self.joined:
@@ -497,6 +497,10 @@ class Fleet:
                 if now - last_hk >= self.cfg.heartbeat_s:
                     last_hk = now
                     self._housekeeping()
+                elif now - last_ns >= 0.1:
+                    # A new namespace's first entries should not wait for a heartbeat.
+                    last_ns = now
+                    self._discover()
                 if not self.namespaces:
                     self._stop.wait(0.1)
                     continue
@@ -802,8 +806,16 @@ class Fleet:
                     self.r.delete(lock)
 
     # ------------------------------------------------------------------ status
+    def _discover(self) -> None:
+        found = {m.decode() for m in self.r.smembers(self._ns_key)}
+        for ns in found - self.namespaces:
+            trim = self.r.hget(self._snapmeta_key(ns), "trimmed")
+            if trim is not None and _sid(trim) > _sid(self.pos.get(ns, "0-0")):
+                self._load_snapshot(ns)
+        self.namespaces = found
+
     def _housekeeping(self) -> None:
-        self.namespaces = {m.decode() for m in self.r.smembers(self._ns_key)}
+        self._discover()
         names = sorted(self.namespaces)
         pipe = self.r.pipeline(transaction=False)
         for ns in names:
