@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,8 @@ def drafted(client: Any, ns: str, context: list[int], n: int = 8) -> list[int]:
 
 def test_response_on_a_is_drafted_on_b_and_c(daemon_factory: Any,
                                              redis_server: RedisServer) -> None:
-    nodes = [daemon_factory(args=fleet_args(redis_server, n)) for n in "abc"]
+    nodes = [daemon_factory(args=fleet_args(redis_server, n, "--metrics-addr", "127.0.0.1:0"))
+             for n in "abc"]
     a, b, c = (n.client() for n in nodes)
     resp = list(range(100, 140))
     with a.session("agents") as s:
@@ -132,6 +134,12 @@ def test_response_on_a_is_drafted_on_b_and_c(daemon_factory: Any,
     assert st["node"]["applied"] >= 1 and st["node"]["redis_up"]
     assert set(st["nodes"]) == {"a", "b", "c"}
     assert fleet_status(a)["node"]["published"] >= 1
+    # Prometheus: the fleet's gauges.
+    addr = (nodes[1].data_dir / "metrics.addr").read_text().strip()
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    assert "suffixd_fleet_backlog 0.0" in text and "suffixd_fleet_redis_up 1.0" in text
+    assert 'suffixd_fleet_lag_entries{namespace="agents"}' in text
     # The CLI: this node's line, and every node with --fleet.
     out = subprocess.run([sys.executable, "-m", "suffixd.cli.main", "stats", "--data-dir",
                           str(nodes[1].data_dir), "--fleet"], capture_output=True, text=True,
