@@ -136,10 +136,15 @@ def test_response_on_a_is_drafted_on_b_and_c(daemon_factory: Any,
     assert fleet_status(a)["node"]["published"] >= 1
     # Prometheus: the fleet's gauges.
     addr = (nodes[1].data_dir / "metrics.addr").read_text().strip()
-    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as page:
-        text = page.read().decode()
+
+    def metrics() -> str:
+        with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as page:
+            return str(page.read().decode())
+
+    # Per-namespace lag comes with the next heartbeat.
+    text = wait_for(lambda: (t := metrics()) and 'suffixd_fleet_lag_entries{namespace="agents"}'
+                    in t and t, what="the lag gauge")
     assert "suffixd_fleet_backlog 0.0" in text and "suffixd_fleet_redis_up 1.0" in text
-    assert 'suffixd_fleet_lag_entries{namespace="agents"}' in text
     # The CLI: this node's line, and every node with --fleet.
     out = subprocess.run([sys.executable, "-m", "suffixd.cli.main", "stats", "--data-dir",
                           str(nodes[1].data_dir), "--fleet"], capture_output=True, text=True,
