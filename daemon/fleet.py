@@ -462,7 +462,8 @@ class Fleet:
         ns = rep["ns"]
         self.pos[ns] = rep["id"]
         if rep.get("n"):
-            self.seen[(ns, rep["src"])] = int(rep["n"])
+            key = (ns, rep["src"])
+            self.seen[key] = max(self.seen.get(key, 0), int(rep["n"]))
 
     def _skip(self, rep: dict[str, Any]) -> None:
         # Nothing to apply: the position is written with the next write (or batch end).
@@ -579,6 +580,12 @@ class Fleet:
     def _reload_state(self) -> None:
         """After a failed apply: the positions and outbox numbers as stored (in memory
         they may be ahead of what committed)."""
+        try:
+            self._read_state()
+        except Exception:  # the store is closing: nothing will be applied any more
+            self._stop.set()
+
+    def _read_state(self) -> None:
         self.pos = {k[2:].decode(): str(v) for k, v in self.store.fleet_items(b"p\x00")}
         seen: dict[tuple[str, str], int] = {}
         for k, v in self.store.fleet_items(b"s\x00"):
