@@ -34,7 +34,9 @@ namespace's snapshot key, then records ``trimmed = P`` and trims the stream to t
 entries from P on (XTRIM MINID), atomically. A node whose position is below ``trimmed``
 (joined late, or away too long) loads that snapshot (adds the responses it lacks, drops
 replicated ones absent from it, applies documents whose content differs), sets its
-position to P and reads on from there.
+position to P and reads on from there. (A document removed in the fleet while such a
+node was away stays on it until removed again: the snapshot lists what exists, and the
+node cannot tell a peer's removal from a document of its own not yet published.)
 
 Identity and isolation. Keys are ``<prefix>:<tokenizer tag>:...``, one stream per
 namespace. ``<prefix>:fleet`` records the fleet's tokenizer fingerprint: a node with
