@@ -63,6 +63,19 @@ import click
 @click.option("--log-json", is_flag=True, help="One JSON object per log line.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--fleet", "fleet", envvar="SUFFIXD_FLEET", default=None, metavar="REDIS_URL",
+              help="Join a fleet: the global and corpus trees of every namespace follow the "
+                   "other nodes' through Redis Streams (redis://[:PASSWORD@]HOST:PORT/DB, "
+                   "rediss:// for TLS; or the password in $SUFFIXD_REDIS_PASSWORD).")
+@click.option("--node-id", envvar="SUFFIXD_NODE_ID", default=None,
+              help="This node's name in the fleet [default: the host name].")
+@click.option("--fleet-prefix", default="suffixd", show_default=True,
+              help="Prefix of the fleet's Redis keys (several fleets in one database).")
+@click.option("--fleet-max-backlog", type=int, default=100_000, show_default=True,
+              help="Entries kept (in LMDB) for Redis while it is unreachable.")
+@click.option("--fleet-max-entries", type=int, default=100_000, show_default=True,
+              help="Stream length per namespace above which a caught-up node snapshots "
+                   "the namespace and trims the stream.")
 @click.option("--no-sync", is_flag=True, hidden=True,
               help="Do not fsync commits (benchmarks only: acknowledged writes may be lost).")
 def serve(
@@ -90,6 +103,11 @@ def serve(
     rebuild: str,
     log_json: bool,
     log_level: str,
+    fleet: str | None,
+    node_id: str | None,
+    fleet_prefix: str,
+    fleet_max_backlog: int,
+    fleet_max_entries: int,
     no_sync: bool,
 ) -> None:
     """Run the suffixd daemon (gRPC, and with --http the OpenAI API) until SIGTERM or
@@ -123,10 +141,14 @@ def serve(
             for key, value in (("metrics_addr", metrics_addr), ("draft_model", draft_model),
                                ("model_load", model_load), ("http", http),
                                ("ctx_size", ctx_size), ("kv_slots", kv_slots),
-                               ("threads", threads), ("n_gpu_layers", n_gpu_layers))
+                               ("threads", threads), ("n_gpu_layers", n_gpu_layers),
+                               ("fleet", fleet), ("node_id", node_id))
             if value
         },
     )
+    if fleet:
+        cfg.extra["fleet_options"] = {"prefix": fleet_prefix, "max_backlog": fleet_max_backlog,
+                                      "max_entries": fleet_max_entries}
     try:
         code = run(cfg)
     except ServeError as exc:

@@ -106,7 +106,10 @@ def summarize(
                 for s in sessions
             ]
         namespaces.append(entry)
-    return {"time": time.time(), "namespaces": namespaces}
+    out: dict[str, Any] = {"time": time.time(), "namespaces": namespaces}
+    if resp.get("fleet_json"):
+        out["fleet"] = json.loads(resp["fleet_json"])
+    return out
 
 
 # --------------------------------------------------------------------------- rendering
@@ -167,10 +170,40 @@ def _generator_lines(g: Mapping[str, Any]) -> list[str]:
     return out + [""]
 
 
+def _fleet_line(n: Mapping[str, Any]) -> str:
+    state = "up" if n.get("redis_up") else "REDIS UNREACHABLE"
+    return (f"fleet {n.get('url', '')} as node {n.get('node', '?')}: redis {state}   "
+            f"lag {n.get('lag_entries', 0):,} entries ({n.get('lag_s', 0.0):.1f} s)   "
+            f"backlog {n.get('backlog', 0):,}   published {n.get('published', 0):,}   "
+            f"applied {n.get('applied', 0):,}"
+            + (f"\n  error: {n['error']}" if n.get("error") else ""))
+
+
+def render_fleet(fleet: Mapping[str, Any] | None) -> str:
+    """Every node's last heartbeat (``suffixd stats --fleet``)."""
+    if not fleet:
+        return "this daemon is not in a fleet (suffixd serve --fleet REDIS_URL)\n"
+    now = time.time()
+    out = [_fleet_line(fleet["node"]), "",
+           f"{'node':<16}{'redis':>7}{'lag':>9}{'lag s':>8}{'backlog':>9}{'published':>11}"
+           f"{'applied':>10}{'apply p50/p99 ms':>18}{'seen':>8}"]
+    for name, n in sorted((fleet.get("nodes") or {}).items()):
+        age = now - float(n.get("t", 0.0))
+        out.append(
+            f"{name:<16}{'up' if n.get('redis_up') else 'down':>7}{n.get('lag_entries', 0):>9,}"
+            f"{n.get('lag_s', 0.0):>8.1f}{n.get('backlog', 0):>9,}{n.get('published', 0):>11,}"
+            f"{n.get('applied', 0):>10,}"
+            f"{n.get('apply_lag_p50_ms', 0.0):>9.1f}/{n.get('apply_lag_p99_ms', 0.0):<8.1f}"
+            f"{age:>7.0f}s")
+    return "\n".join(out) + "\n"
+
+
 def render_table(report: Mapping[str, Any]) -> str:
     out: list[str] = []
     if report.get("generator"):
         out.extend(_generator_lines(report["generator"]))
+    if report.get("fleet"):
+        out.extend([_fleet_line(report["fleet"]["node"]), ""])
     if not report["namespaces"]:
         return "\n".join(out + ["no namespaces yet (nothing ingested, no requests)"]) + "\n"
     for e in report["namespaces"]:
@@ -265,6 +298,8 @@ def collect(client: Any, namespace: str | None, session_id: str | None, top: int
               help="Seconds between refreshes (--watch).")
 @click.option("--json", "as_json", is_flag=True,
               help="JSON for machines (one object per refresh with --watch).")
+@click.option("--fleet", "fleet", is_flag=True,
+              help="Every fleet node's lag, backlog and counts (from their heartbeats).")
 @connection_options
 def stats(
     namespace: str | None,
@@ -274,6 +309,7 @@ def stats(
     watch: bool,
     interval: float,
     as_json: bool,
+    fleet: bool,
     address: str | None,
     socket_path: str | None,
     data_dir: str | None,
@@ -295,10 +331,12 @@ def stats(
     try:
         while True:
             report = collect(client, namespace, session_id, top, all_sessions)
+            if fleet:
+                report = {"time": report["time"], "fleet": report.get("fleet")}
             if as_json:
                 click.echo(json.dumps(report))
             else:
-                text = render_table(report)
+                text = render_fleet(report["fleet"]) if fleet else render_table(report)
                 if watch and tty:
                     # Home + clear: redraw in place instead of scrolling.
                     click.echo("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S  ") +

@@ -157,6 +157,14 @@ class CorpusIngest:
                     completed.append(ch.path)
                 rec["t"] = now
                 t.put_doc(ns, ch.path, rec)
+                hook = getattr(self.engine, "ingest_hook", None)
+                if ch.last and hook is not None:
+                    # The fleet publishes a file once complete, whole (its earlier chunks
+                    # committed in earlier transactions).
+                    seqs = [(t.get_sequence(s) or {}).get("tokens", []) for s in rec["seqs"]]
+                    hook(t, "doc", ns, key=ch.path, seqs=seqs,
+                                            hash=ch.content_hash,
+                                            meta={"kind": ch.kind, "size": ch.size})
             return [(sid, tp[0], tp[1]) for sid, tp in added.items()], removed, completed
 
         with self._commit_lock:
@@ -198,6 +206,9 @@ class CorpusIngest:
                     t.delete_sequence(s)
                     removed.append(s)
                 t.delete_doc(ns, p)
+                hook = getattr(self.engine, "ingest_hook", None)
+                if hook is not None:
+                    hook(t, "undoc", ns, key=p)
             return found, removed
 
         with self._commit_lock:

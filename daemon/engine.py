@@ -300,6 +300,10 @@ class Engine:
         # source, proposed, accepted); close hooks run first thing in close().
         self.observers: list[Any] = []
         self.close_hooks: list[Any] = []
+        # The fleet (daemon/fleet.py): called as fn(txn, op, ns, **fields) inside the store
+        # transaction of every ingest that reaches a global or corpus tree, so the entry it
+        # queues for publication commits (or not) with the data.
+        self.ingest_hook: Any = None
 
         # Deferred stream steps are lazy store writes: they commit together at most every
         # lazy_commit_s (or with the next durable write). At 3,000 deferred steps/s, 5 ms
@@ -639,7 +643,9 @@ class Engine:
             if pending and keep_responses:
                 # A response still being generated when the session closes is finished now.
                 pending_seq.append(t.add_sequence(ns, "response", pending, session=sid))
+                self._publish(t, "resp", ns, seq=pending_seq[-1], tokens=pending)
             if not keep_responses:
+                self._publish(t, "evict", ns, seqs=responses)
                 for seq in responses:
                     t.delete_sequence(seq)
             t.delete_session(ns, sid)
@@ -782,6 +788,7 @@ class Engine:
                     unsaved.discard(id(sess))
                 if resp is not None and resp:
                     seq = t.add_sequence(sess.ns, "response", resp, session=sess.id)
+                    self._publish(t, "resp", sess.ns, seq=seq, tokens=resp)
                     t.add_session_response(sess.ns, sess.id, seq)
                     r["n_responses"] = int(r.get("n_responses", 0)) + 1
                     unsaved.add(id(sess))
@@ -906,9 +913,14 @@ class Engine:
         if tokens > sess.durable_tokens:
             sess.durable_tokens = tokens
 
+    def _publish(self, t: Txn, op: str, ns: str, **fields: Any) -> None:
+        if self.ingest_hook is not None:
+            self.ingest_hook(t, op, ns, **fields)
+
     def _delete_sequences(self, seq_ids: list[int]) -> None:
         # Not waited for: an eviction lost in a crash is redone by the next rebuild.
         def write(t: Txn) -> None:
+            self._publish(t, "evict", "", seqs=seq_ids)
             for seq in seq_ids:
                 t.delete_sequence(seq)
 
@@ -1251,8 +1263,10 @@ class Engine:
         *,
         content_hash: str | None = None,
         meta: dict[str, Any] | None = None,
+        replica: Any = None,
     ) -> list[int]:
-        """Store a document's sequences (replacing an older version) durably; index them."""
+        """Store a document's sequences (replacing an older version) durably; index them.
+        ``replica``: the fleet applies a peer's entry (it is not published again)."""
         self._check_name("namespace", ns)
         if not doc_key or "\x00" in doc_key:
             raise InvalidArgument("doc_key must be a non-empty string without NUL")
@@ -1273,6 +1287,8 @@ class Engine:
             ids = [t.add_sequence(ns, "corpus", s, doc=doc_key) for s in seqs if s]
             t.put_doc(ns, doc_key, {"seqs": ids, "hash": content_hash, "meta": meta or {},
                                     "tokens": sum(map(len, seqs)), "t": time.time()})
+            self._publish(t, "doc", ns, key=doc_key, seqs=seqs, hash=content_hash,
+                          meta=meta or {}, replica=replica)
             return ids
 
         ids: list[int] = self.store.write(write)
@@ -1282,7 +1298,7 @@ class Engine:
             self._corpus_docs[(ns, seq)] = doc_key
         return ids
 
-    def remove_corpus_document(self, ns: str, doc_key: str) -> bool:
+    def remove_corpus_document(self, ns: str, doc_key: str, replica: Any = None) -> bool:
         self._check_name("namespace", ns)
         old: list[int] = []
 
@@ -1295,6 +1311,7 @@ class Engine:
             for s in old:
                 t.delete_sequence(s)
             t.delete_doc(ns, doc_key)
+            self._publish(t, "undoc", ns, key=doc_key, replica=replica)
             return True
 
         found: bool = self.store.write(write)

@@ -214,6 +214,9 @@ class MetricsServer:
 def build_registry(engine: Any) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
     registry.register(EngineCollector(engine))
+    fleet = getattr(engine, "fleet", None)
+    if fleet is not None:
+        registry.register(fleet.collector())
     Instruments(registry).attach(engine)
     return registry
 

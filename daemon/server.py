@@ -567,6 +567,21 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+def start_fleet(engine: Any, cfg: ServeConfig) -> None:
+    """--fleet: replicate the global and corpus trees through Redis (daemon/fleet.py)."""
+    import socket
+
+    from .fleet import Fleet, FleetConfig, FleetError
+
+    options = dict(cfg.extra.get("fleet_options") or {})
+    try:
+        Fleet(engine, FleetConfig(url=cfg.extra["fleet"],
+                                  node_id=cfg.extra.get("node_id") or socket.gethostname(),
+                                  **options)).start()
+    except FleetError as exc:
+        raise ServeError(str(exc)) from None
+
+
 def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None) -> int:
     """Serve until SIGTERM/SIGINT. Raises ServeError for a start-up problem."""
     from suffixcache.store import TokenizerMismatchError
@@ -596,6 +611,8 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
         except FileNotFoundError as exc:
             raise ServeError(str(exc)) from None
         engine.serve_config = cfg  # type: ignore[attr-defined]
+        if cfg.extra.get("fleet"):
+            start_fleet(engine, cfg)
         draft_model = cfg.extra.get("draft_model")
         if draft_model:
             check_draft_vocabulary(engine, Path(draft_model))

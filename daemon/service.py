@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -462,6 +463,9 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
             request.top_documents or 10,
         )
         out = pb.StatsResponse()
+        fleet = getattr(self.engine, "fleet", None)
+        if fleet is not None:
+            out.fleet_json = json.dumps(fleet.status())
         for ns, e in st.items():
             cache = e["cache"]
             nsm = out.namespaces.add(

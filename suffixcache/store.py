@@ -14,6 +14,8 @@ token arrays are packed little-endian int32):
            costs O(new tokens))
 ``ctr``    ns NUL [session id] -> counters dict (stats that must survive a restart)
 ``doc``    ns NUL doc key -> {seqs: [seq ids], hash, ...} (corpus documents)
+``fleet``  bytes key -> msgpack value: the fleet's replication state (daemon/fleet.py owns
+           its keys: the outbox of entries to publish, stream positions, origin index)
 
 Durability: every write goes through one writer thread that groups the writes
 queued while the previous transaction was committing into a single
@@ -195,6 +197,17 @@ class Txn:
     def put_meta(self, key: str, value: Any) -> None:
         self.txn.put(key.encode(), _dump(value), db=self._s._meta)
 
+    # -- fleet replication state (daemon/fleet.py) -------------------------
+    def fleet_get(self, key: bytes) -> Any:
+        raw = self.txn.get(key, db=self._s._fleet)
+        return _load(raw) if raw is not None else None
+
+    def fleet_put(self, key: bytes, value: Any) -> None:
+        self.txn.put(key, _dump(value), db=self._s._fleet)
+
+    def fleet_delete(self, key: bytes) -> bool:
+        return bool(self.txn.delete(key, db=self._s._fleet))
+
 
 def _nothing(_t: Txn) -> None:
     return None
@@ -234,7 +247,7 @@ class Store:
             str(self.path),
             # Opening the named databases needs a few pages; below 1 MiB that can fail.
             map_size=max(map_size, 1 << 20),
-            max_dbs=8,
+            max_dbs=16,
             sync=sync,
             metasync=sync,
             # One process per store (the daemon's lock file enforces it); readers in
@@ -248,6 +261,7 @@ class Store:
         self._ctr = self.env.open_db(b"ctr")
         self._doc = self.env.open_db(b"doc")
         self._sresp = self.env.open_db(b"sresp")
+        self._fleet = self.env.open_db(b"fleet")
         # Serialises every transaction of this process with map resizing, which LMDB
         # only allows while no transaction is open. Reads are rare (start-up, describe);
         # the in-memory trees serve the hot path.
@@ -490,6 +504,23 @@ class Store:
             d_ns, _, key = k.decode("utf-8").partition("\x00")
             out.append((d_ns, key, _load(v)))
         return out
+
+    def fleet_get(self, key: bytes) -> Any:
+        with self._lock, self.env.begin() as txn:
+            raw = txn.get(key, db=self._fleet)
+        return _load(raw) if raw is not None else None
+
+    def fleet_items(self, prefix: bytes, limit: int = 1 << 30) -> list[tuple[bytes, Any]]:
+        """Up to ``limit`` (key, value) pairs of the fleet database whose key starts with
+        ``prefix``, in key order."""
+        out: list[tuple[bytes, Any]] = []
+        with self._lock, self.env.begin() as txn:
+            cur = txn.cursor(db=self._fleet)
+            ok = cur.set_range(prefix)
+            while ok and len(out) < limit and cur.key().startswith(prefix):
+                out.append((cur.key(), cur.value()))
+                ok = cur.next()
+        return [(k, _load(v)) for k, v in out]
 
     def stat(self) -> dict[str, Any]:
         with self._lock:

@@ -392,7 +392,9 @@ class NamespaceStats(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., counters: _Optional[_Union[Counters, _Mapping]] = ..., corpus: _Optional[_Union[TreeSize, _Mapping]] = ..., sessions: _Optional[_Union[TreeSize, _Mapping]] = ..., open_sessions: _Optional[int] = ..., top_documents: _Optional[_Iterable[_Union[DocumentStat, _Mapping]]] = ..., session_stats: _Optional[_Iterable[_Union[SessionStats, _Mapping]]] = ..., **kwargs) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("namespaces",)
+    __slots__ = ("namespaces", "fleet_json")
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    FLEET_JSON_FIELD_NUMBER: _ClassVar[int]
     namespaces: _containers.RepeatedCompositeFieldContainer[NamespaceStats]
-    def __init__(self, namespaces: _Optional[_Iterable[_Union[NamespaceStats, _Mapping]]] = ...) -> None: ...
+    fleet_json: str
+    def __init__(self, namespaces: _Optional[_Iterable[_Union[NamespaceStats, _Mapping]]] = ..., fleet_json: _Optional[str] = ...) -> None: ...
