@@ -28,9 +28,11 @@ import click
 from .bench_generate import load_session_turns
 
 
-def _start_daemon(data_dir: Path, model: str | None, threads: int) -> tuple[Any, str, str]:
+def _start_daemon(data_dir: Path, model: str | None, threads: int,
+                  ctx_size: int) -> tuple[Any, str, str]:
     args = [sys.executable, "-m", "suffixd.cli.main", "serve", "--data-dir", str(data_dir),
-            "--http", "127.0.0.1:0", "--model-load", "startup", "--threads", str(threads)]
+            "--http", "127.0.0.1:0", "--model-load", "startup", "--threads", str(threads),
+            "--ctx-size", str(ctx_size)]
     if model:
         args += ["--model", model]
     log = open(data_dir.parent / "daemon.log", "wb")  # noqa: SIM115 - lives with the daemon
@@ -56,9 +58,11 @@ def _start_daemon(data_dir: Path, model: str | None, threads: int) -> tuple[Any,
 @click.option("--max-tokens", default=64, show_default=True)
 @click.option("--model", default=None, help="GGUF path or packaged name (default: embedded).")
 @click.option("--threads", default=2, show_default=True)
+@click.option("--ctx-size", default=32768, show_default=True,
+              help="Context per session (capped at the model's trained length).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def http_bench(workload: Path, sessions: int, max_tokens: int, model: str | None,
-               threads: int, as_json: bool) -> None:
+               threads: int, ctx_size: int, as_json: bool) -> None:
     """Replay WORKLOAD's sessions through gRPC Generate and the OpenAI endpoint, alternating."""
     import openai
 
@@ -68,7 +72,7 @@ def http_bench(workload: Path, sessions: int, max_tokens: int, model: str | None
     if not todo:
         raise click.ClickException(f"{workload}: no assistant turns")
     tmp = Path(tempfile.mkdtemp(prefix="suffixd-bench-http-"))
-    proc, target, base_url = _start_daemon(tmp / "data", model, threads)
+    proc, target, base_url = _start_daemon(tmp / "data", model, threads, ctx_size)
     fronts = ("grpc", "http")
     agg: dict[str, dict[str, float]] = {
         f: {"tokens": 0, "decode_s": 0.0, "turn_s": 0.0, "stream_tokens": 0, "stream_s": 0.0}
