@@ -554,6 +554,20 @@ def _setup(server: LoopServer, engine: Any, cfg: ServeConfig,
     return bound
 
 
+def owner_only(data_dir: Path) -> None:
+    """The data dir and everything in it owner-only (0700 / 0600), whatever modes an
+    earlier run or an operator left: it holds the users' text and the store."""
+    with contextlib.suppress(OSError):
+        os.chmod(data_dir, 0o700)
+    for root, dirs, files in os.walk(data_dir):
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(root, d), 0o700)
+        for f in files:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(root, f), 0o600)
+
+
 def freeze_startup_objects() -> None:
     """Move everything allocated so far (modules, the tokenizer's vocabulary, gRPC and
     protobuf machinery: ~50,000 objects) out of the cyclic garbage collector's reach.
@@ -593,6 +607,10 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
     from .startup import preflight, preload_generator
 
     preflight(cfg)  # seconds before the model loads and the trees rebuild
+    owner_only(cfg.data_dir)
+    if cfg.insecure:
+        log.warning("--insecure: TCP and HTTP listeners accept anyone who can reach them, "
+                    "without a token")
     lock = DataDirLock(cfg.data_dir)
     lock.acquire()
     announce = cfg.data_dir / "daemon.json"

@@ -242,9 +242,11 @@ class Store:
         lazy_interval_s: float = 0.005,
     ) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.env = lmdb.open(
             str(self.path),
+            # The token data is the users' text: owner-only files (LMDB's default is 0644).
+            mode=0o600,
             # Opening the named databases needs a few pages; below 1 MiB that can fail.
             map_size=max(map_size, 1 << 20),
             max_dbs=16,
