@@ -114,8 +114,8 @@ def check_draft_vocabulary(engine: Any, path: Path) -> None:
 class DataDirLock:
     """Exclusive lock on a data directory, held for the daemon's lifetime."""
 
-    def __init__(self, data_dir: Path) -> None:
-        self.path = data_dir / "suffixd.lock"
+    def __init__(self, data_dir: Path, path: Path | None = None) -> None:
+        self.path = path or data_dir / "suffixd.lock"
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -134,6 +134,9 @@ class DataDirLock:
             raise ServeError(
                 f"another suffixd daemon (pid {other}) is already using the data directory "
                 f"{self.path.parent}; stop it or pass another --data-dir"
+                if self.path.name == "suffixd.lock" else
+                f"another suffixd daemon (pid {other}) is listening on "
+                f"{self.path.with_suffix('')}; stop it or listen elsewhere"
             ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -380,6 +383,9 @@ class LoopServer:
                  maximum_concurrent_rpcs: int | None) -> None:
         self.thread_pool = futures.ThreadPoolExecutor(max_workers=max_workers,
                                                       thread_name_prefix="rpc")
+        # Locks on the Unix socket paths it listens on (released by whoever removes the
+        # sockets: run(), after the server stopped).
+        self.socket_locks: list[DataDirLock] = []
         self.loop = asyncio.new_event_loop()
         # run_in_executor(None, ...) on the loop (bridged handlers, the servicers' blocking
         # steps) shares the pool of the sync handlers.
@@ -483,6 +489,8 @@ def build_server(engine: Any, cfg: ServeConfig) -> tuple[LoopServer, list[Listen
         bound = _setup(server, engine, cfg, listeners)
     except BaseException:
         server.stop(0)  # its loop thread and pool too
+        for lock in server.socket_locks:
+            lock.release()
         raise
     return server, bound
 
@@ -519,8 +527,16 @@ def _setup(server: LoopServer, engine: Any, cfg: ServeConfig,
         if lst.kind == "unix":
             path = Path(lst.address)
             path.parent.mkdir(parents=True, exist_ok=True)
-            # A socket left by a crashed daemon: safe to remove, we hold the data-dir lock.
+            # One daemon per socket path, whatever its data dir (a lock beside the socket,
+            # held while serving); a socket that still answers is never taken over, and
+            # one left by a crashed daemon is removed only when nothing answers.
+            lock = DataDirLock(path.parent, path.with_name(path.name + ".lock"))
+            lock.acquire()
+            server.socket_locks.append(lock)
             if path.is_socket():
+                if unix_socket_answers(path):
+                    raise ServeError(f"{path} is the socket of a running daemon; refusing to "
+                                     "take it over (stop it or listen elsewhere)")
                 path.unlink()
             elif path.exists():
                 raise ServeError(f"{path} exists and is not a socket")
@@ -552,6 +568,19 @@ def _setup(server: LoopServer, engine: Any, cfg: ServeConfig,
             host = lst.address.rpartition(":")[0]
             bound.append(Listener("tcp", f"{host}:{port}"))
     return bound
+
+
+def unix_socket_answers(path: Path) -> bool:
+    """Whether something accepts connections on the Unix socket ``path``."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def owner_only(data_dir: Path) -> None:
@@ -618,6 +647,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
     server = None
     http = None
     bound: list[Listener] = []
+    socket_locks: list[DataDirLock] = []
     try:
         t0 = time.perf_counter()
         try:
@@ -636,6 +666,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
             check_draft_vocabulary(engine, Path(draft_model))
             engine.draft_model_path = Path(draft_model)  # type: ignore[attr-defined]
         server, bound = build_server(engine, cfg)
+        socket_locks = server.socket_locks
         stop = threading.Event()
 
         def on_signal(signum: int, frame: Any) -> None:
@@ -698,5 +729,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
             if b.kind == "unix":
                 with contextlib.suppress(OSError):
                     Path(b.address).unlink()
+        for socket_lock in socket_locks:
+            socket_lock.release()
         lock.release()
         log.info("stopped")

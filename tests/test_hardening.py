@@ -38,3 +38,32 @@ def test_data_dir_and_its_files_are_owner_only_whatever_existed(daemon_factory: 
 def test_insecure_is_announced_at_start(daemon_factory: Any) -> None:
     proc = daemon_factory(args=["--listen", "127.0.0.1:0", "--insecure"])
     assert "--insecure" in proc.log() and "without a token" in proc.log()
+
+
+def test_a_live_daemons_socket_is_never_taken_over(daemon_factory: Any, tmp_path: Path) -> None:
+    """A second daemon (another data dir) asked to listen on a live daemon's socket
+    outside both data dirs refuses in one line, and the first keeps serving."""
+    sock = tmp_path / "shared.sock"
+    first = daemon_factory(data_dir=tmp_path / "a", args=["--listen", f"unix:{sock}"])
+    second = daemon_factory(data_dir=tmp_path / "b", args=["--listen", f"unix:{sock}"],
+                            expect_ready=False)
+    assert second.wait(60) != 0
+    log = second.log()
+    assert "listening on" in log or "running daemon" in log, log
+    assert "Traceback" not in log
+    c = first.client()
+    assert c.info()["version"]
+    c.close()
+
+
+def test_a_stale_socket_is_replaced(daemon_factory: Any, tmp_path: Path) -> None:
+    import socket
+
+    sock = tmp_path / "stale.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(sock))  # a socket file nothing listens on (a crashed daemon's)
+    s.close()
+    proc = daemon_factory(data_dir=tmp_path / "c", args=["--listen", f"unix:{sock}"])
+    c = proc.client()
+    assert c.info()["version"]
+    c.close()
