@@ -52,7 +52,12 @@ import click
 @click.option("--max-tokens-per-call", type=int, default=1 << 20, show_default=True)
 @click.option("--max-message-bytes", type=int, default=16 << 20, show_default=True)
 @click.option("--metrics-addr", default=None, metavar="HOST:PORT",
-              help="Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9464).")
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9464; "
+                   "a bare :PORT binds loopback). Figures are summed over namespaces unless "
+                   "--metrics-namespaces.")
+@click.option("--metrics-namespaces", is_flag=True,
+              help="Label the metrics by namespace name (anyone who reaches the endpoint "
+                   "then reads the namespaces' names).")
 @click.option("--http", "http", default=None, metavar="HOST:PORT",
               help="Also serve the OpenAI-compatible API at http://HOST:PORT/v1 (chat and "
                    "text completions; loopback is open, another address needs the token "
@@ -99,6 +104,7 @@ def serve(
     max_tokens_per_call: int,
     max_message_bytes: int,
     metrics_addr: str | None,
+    metrics_namespaces: bool,
     http: str | None,
     rebuild: str,
     log_json: bool,
@@ -138,7 +144,9 @@ def serve(
         background_rebuild=rebuild == "background",
         extra={
             key: value
-            for key, value in (("metrics_addr", metrics_addr), ("draft_model", draft_model),
+            for key, value in (("metrics_addr", metrics_addr),
+                               ("metrics_namespaces", metrics_namespaces),
+                               ("draft_model", draft_model),
                                ("model_load", model_load), ("http", http),
                                ("ctx_size", ctx_size), ("kv_slots", kv_slots),
                                ("threads", threads), ("n_gpu_layers", n_gpu_layers),
@@ -153,6 +161,13 @@ def serve(
         code = run(cfg)
     except ServeError as exc:
         click.echo(f"suffixd serve: error: {exc}", err=True)
+        sys.exit(2)
+    except OSError as exc:
+        # A disk that fills or turns read-only under the start-up (after the preflight's
+        # probe): one line, not a traceback.
+        from suffixd.daemon.startup import disk_error_line
+
+        click.echo(f"suffixd serve: error: {disk_error_line(cfg.data_dir, exc)}", err=True)
         sys.exit(2)
     sys.stderr.flush()
     os._exit(code) if code else None

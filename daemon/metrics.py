@@ -10,8 +10,12 @@ Two kinds of figures:
   they are observed by wrapping the engine's ``propose`` and ``record_step`` on
   the engine instance, which keeps the engine free of metrics code.
 
-Cardinality: labels are the namespace, the draft source and the tree kind;
-never session ids or paths.
+Labels are the namespace, the draft source and the tree kind; never session ids or
+paths. Namespace names are the tenants' names, and anyone who reaches the endpoint
+reads them: by default every figure is summed over the namespaces under
+``namespace="all"`` (the gauge of the oldest fleet entry takes the maximum), and only
+``suffixd serve --metrics-namespaces`` labels them by name (at most
+``Limits.max_namespaces`` values).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .logs import event
@@ -105,6 +109,42 @@ class EngineCollector(Collector):
                            key=lambda kv: int(kv[0])):
             cost.add_metric([str(k)], float(c))
         yield cost
+
+
+# The label value of every namespace's figures summed (without --metrics-namespaces).
+ALL_NAMESPACES = "all"
+# Gauges whose namespaces are combined with max, not sum (an age, not an amount).
+_MAX_OVER_NAMESPACES = {"suffixd_fleet_lag_seconds"}
+
+
+class NamespacesHidden(Collector):
+    """Another collector's figures with their namespace label replaced by "all": samples
+    that differ only in the namespace are summed (or, for an age, the maximum taken), so
+    the endpoint shows the daemon's totals without naming its tenants."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def collect(self) -> Iterator[Any]:
+        for fam in self.inner.collect():
+            if not any("namespace" in s.labels for s in fam.samples):
+                yield fam
+                continue
+            merged: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+            use_max = fam.name in _MAX_OVER_NAMESPACES
+            for s in fam.samples:
+                labels = dict(s.labels)
+                if "namespace" in labels:
+                    labels["namespace"] = ALL_NAMESPACES
+                key = (s.name, tuple(sorted(labels.items())))
+                if key in merged:
+                    merged[key] = max(merged[key], s.value) if use_max else merged[key] + s.value
+                else:
+                    merged[key] = s.value
+            out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            for (name, labels_t), value in merged.items():
+                out.add_sample(name, dict(labels_t), value)
+            yield out
 
 
 class Instruments:
@@ -211,22 +251,26 @@ class MetricsServer:
         self.httpd.server_close()
 
 
-def build_registry(engine: Any) -> CollectorRegistry:
+def build_registry(engine: Any, namespaces: bool = False) -> CollectorRegistry:
+    """``namespaces``: label figures by namespace name (else summed under "all")."""
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(EngineCollector(engine))
+    collectors: list[Any] = [EngineCollector(engine)]
     fleet = getattr(engine, "fleet", None)
     if fleet is not None:
-        registry.register(fleet.collector())
+        collectors.append(fleet.collector())
+    for c in collectors:
+        registry.register(c if namespaces else NamespacesHidden(c))
     Instruments(registry).attach(engine)
     return registry
 
 
-def start_metrics(engine: Any, addr: str) -> MetricsServer:
-    """Serve ``/metrics`` for ``engine`` on ``addr`` (HOST:PORT; port 0 picks a free one)."""
+def start_metrics(engine: Any, addr: str, namespaces: bool = False) -> MetricsServer:
+    """Serve ``/metrics`` for ``engine`` on ``addr`` (HOST:PORT; port 0 picks a free one;
+    no host: loopback). ``namespaces``: label figures by namespace name."""
     from prometheus_client import start_http_server
 
     host, port = parse_addr(addr)
-    registry = build_registry(engine)
+    registry = build_registry(engine, namespaces)
     httpd, thread = start_http_server(port, addr=host, registry=registry)
     server = MetricsServer(httpd, thread, registry)
     h, p = server.address
@@ -250,7 +294,7 @@ def register(server: Any, engine: Any) -> list[str]:
                 (data_dir / "metrics.addr").unlink()
         return []
     try:
-        ms = start_metrics(engine, addr)
+        ms = start_metrics(engine, addr, bool(cfg.extra.get("metrics_namespaces")))
     except (OSError, ValueError) as exc:
         from .server import ServeError
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,10 @@ log = logging.getLogger("suffixd.server")
 
 def preflight(cfg: ServeConfig) -> None:
     """What can be checked before the model loads and the trees rebuild (seconds to
-    minutes): the listeners, the TCP token rule, the metrics address, the model file, and
-    that the TCP ports are free. Raises ServeError with one line."""
+    minutes): the listeners, the TCP token rule, the metrics address, the model file, that
+    the TCP ports are free, and that the data dir takes writes. Raises ServeError with one
+    line."""
+    check_data_dir_writable(cfg.data_dir)
     listeners = [parse_listen(s) for s in cfg.listen]
     if any(lst.kind == "tcp" for lst in listeners) and not cfg.auth_token and not cfg.insecure:
         raise ServeError(
@@ -62,6 +65,55 @@ def preflight(cfg: ServeConfig) -> None:
             _check_gguf(Path(cfg.model).expanduser(), "--model")
     if cfg.extra.get("draft_model"):
         _check_gguf(Path(cfg.extra["draft_model"]).expanduser(), "--draft-model")
+
+
+# Below this much free space in the data dir's file system the daemon does not start: the
+# store's first commits, the lock and daemon.json need room (and a daemon that starts on a
+# full disk only answers "disk full").
+MIN_FREE_BYTES = 1 << 20
+_PROBE_BYTES = 64 << 10
+
+
+def disk_error_line(data_dir: Path, exc: OSError) -> str:
+    """One line for an OSError met writing the data dir (start-up or a command)."""
+    where = f"the data dir {data_dir}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full: {where} cannot take writes ({exc.strerror}); free some space " \
+               "or pass another --data-dir"
+    if exc.errno == errno.EROFS:
+        return f"{where} is on a read-only file system; suffixd writes its store there " \
+               "(remount it read-write or pass another --data-dir)"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"cannot write in {where}: permission denied (its owner must run suffixd, " \
+               "or pass another --data-dir)"
+    name = f" ({exc.filename})" if exc.filename else ""
+    return f"cannot write in {where}{name}: {exc.strerror or exc}"
+
+
+def check_data_dir_writable(data_dir: Path) -> None:
+    """Write, fsync and remove a small probe file in the data dir, and check that its file
+    system has MIN_FREE_BYTES free: a full or read-only disk is reported in one line
+    before anything else starts (the daemon does not serve read-only)."""
+    probe = Path(data_dir) / ".suffixd-write-probe"
+    try:
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, bytes(_PROBE_BYTES))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        finally:
+            if probe.exists():
+                probe.unlink()
+        st = os.statvfs(data_dir)
+    except OSError as exc:
+        raise ServeError(disk_error_line(Path(data_dir), exc)) from None
+    free = st.f_bavail * st.f_frsize
+    if free < MIN_FREE_BYTES:
+        raise ServeError(f"disk full: the data dir {data_dir} has {free} bytes free (suffixd "
+                         f"needs at least {MIN_FREE_BYTES}); free some space or pass another "
+                         "--data-dir")
 
 
 def _check_gguf(path: Path, option: str) -> None:

@@ -1,10 +1,18 @@
-"""Hardening found by a probe: owner-only files, a warning for --insecure."""
+"""Hardening found by a probe: owner-only files, a warning for --insecure, one daemon per
+socket, full and read-only disks, limits on every path that creates state."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import stat
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 
 def _mode(p: Path) -> int:
@@ -66,4 +74,108 @@ def test_a_stale_socket_is_replaced(daemon_factory: Any, tmp_path: Path) -> None
     proc = daemon_factory(data_dir=tmp_path / "c", args=["--listen", f"unix:{sock}"])
     c = proc.client()
     assert c.info()["version"]
+    c.close()
+
+
+# --------------------------------------------------------------------------- disks
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs of its own (a disk to fill, or to remount read-only); unmounted at
+    teardown. Needs root and a kernel that lets this process mount (CI may not: skipped)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def fill(mnt: Path) -> Path:
+    """Write a file until the file system is full; returns it (delete it to free the disk)."""
+    filler = mnt / "filler"
+    block = bytes(1 << 16)
+    with filler.open("wb") as f:
+        try:
+            while True:
+                f.write(block)
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    # a short last write may leave a few bytes: take them too
+    with contextlib.suppress(OSError), filler.open("ab") as f:
+        for _ in range(64):
+            f.write(bytes(512))
+            f.flush()
+    return filler
+
+
+def one_clear_line(log: str, needle: str) -> None:
+    assert "Traceback" not in log, log
+    lines = [ln for ln in log.splitlines() if needle in ln]
+    assert len(lines) == 1, log
+    assert lines[0].startswith("suffixd serve: error: "), log
+
+
+def test_start_on_a_full_disk_says_so_in_one_line(daemon_factory: Any, small_tmpfs: Path
+                                                  ) -> None:
+    data = small_tmpfs / "data"
+    log = small_tmpfs.parent / "daemon.log"  # not on the disk that fills
+    proc = daemon_factory(data_dir=data, args=["--model", "none"], log_path=log)
+    c = proc.client()
+    with c.session(namespace="disk", session_id="kept", keep_responses=True) as s:
+        s.append(tokens=[5, 6, 7], kind="prompt")
+        s.append(tokens=[8, 9], kind="response")
+    c.close()
+    proc.stop()
+    filler = fill(small_tmpfs)
+    proc = daemon_factory(data_dir=data, args=["--model", "none"], expect_ready=False,
+                          log_path=small_tmpfs.parent / "full.log")
+    assert proc.wait(60) == 2
+    one_clear_line(proc.log(), "disk full")
+    filler.unlink()  # space returns: the daemon starts, the data is there
+    proc = daemon_factory(data_dir=data, args=["--model", "none"], log_path=log)
+    c = proc.client()
+    st = c.stats("disk")["namespaces"][0]
+    assert st["global"]["tokens"] == 2
+    c.close()
+
+
+def test_start_on_a_read_only_disk_says_so_in_one_line(daemon_factory: Any, small_tmpfs: Path
+                                                       ) -> None:
+    data = small_tmpfs / "data"
+    proc = daemon_factory(data_dir=data, args=["--model", "none"],
+                          log_path=small_tmpfs.parent / "daemon.log")
+    proc.stop()
+    r = subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot remount the tmpfs read-only: {r.stderr.strip()}")
+    # a data dir that does not exist yet on that disk, and the existing one
+    for d in (data, small_tmpfs / "new"):
+        proc = daemon_factory(data_dir=d, args=["--model", "none"], expect_ready=False,
+                              log_path=small_tmpfs.parent / f"{d.name}-ro.log")
+        assert proc.wait(60) == 2
+        one_clear_line(proc.log(), "read-only file system")
+
+
+# --------------------------------------------------------------------------- detokenize
+
+
+def test_detokenize_has_a_per_call_limit(daemon_factory: Any) -> None:
+    from suffixd.client import ResourceExhaustedError
+
+    proc = daemon_factory(args=["--max-tokens-per-call", "1000"])
+    c = proc.client()
+    ids = c.tokenize("SELECT name FROM singer ;")
+    assert c.detokenize((ids * 1000)[:1000]).startswith("SELECT name")
+    with pytest.raises(ResourceExhaustedError, match="the limit is 1000"):
+        c.detokenize((ids * 1001)[:1001])
     c.close()

@@ -23,7 +23,7 @@ def scrape(addr: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_metrics_endpoint_reports_what_happened(daemon_factory: Any, tmp_path: Path) -> None:
-    proc = daemon_factory(args=["--metrics-addr", "127.0.0.1:0"])
+    proc = daemon_factory(args=["--metrics-addr", "127.0.0.1:0", "--metrics-namespaces"])
     addr = (proc.data_dir / "metrics.addr").read_text().strip()
     client = proc.client()
     ns = "metricsns"
@@ -60,6 +60,29 @@ def test_metrics_endpoint_reports_what_happened(daemon_factory: Any, tmp_path: P
     acc_count = sum(v for (n, _), v in m.items() if n == "suffixd_accepted_tokens_count")
     acc_sum = sum(v for (n, _), v in m.items() if n == "suffixd_accepted_tokens_sum")
     assert (acc_count, acc_sum) == (steps, accepted_total)
+    client.close()
+
+
+def test_metrics_do_not_name_namespaces_unless_asked(daemon_factory: Any) -> None:
+    """By default the figures are summed over namespaces under namespace="all": whoever
+    reaches the endpoint learns no tenant's name. It binds loopback given a bare port."""
+    proc = daemon_factory(args=["--metrics-addr", ":0"])
+    addr = (proc.data_dir / "metrics.addr").read_text().strip()
+    assert addr.startswith("127.0.0.1:")
+    client = proc.client()
+    for ns in ("tenant-alpha", "tenant-bravo"):
+        with client.session(namespace=ns) as sess:
+            sess.append(tokens=[5, 6, 7, 8], kind="prompt")
+            sess.speculate(max_tokens=4)
+            sess.append(tokens=[9, 10, 11], kind="response")
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    assert "tenant-" not in text
+    m = scrape(addr)
+    assert {dict(lab)["namespace"] for (_, lab) in m if "namespace" in dict(lab)} == {"all"}
+    assert m[("suffixd_requests_total", (("namespace", "all"),))] == 2
+    assert m[("suffixd_speculate_calls_total", (("namespace", "all"),))] == 2
+    assert m[("suffixd_cache_tokens", (("namespace", "all"), ("tree", "global")))] == 6
     client.close()
 
 
