@@ -141,8 +141,9 @@ def test_response_on_a_is_drafted_on_b_and_c(daemon_factory: Any,
         with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as page:
             return str(page.read().decode())
 
-    # Per-namespace lag comes with the next heartbeat.
-    text = wait_for(lambda: (t := metrics()) and 'suffixd_fleet_lag_entries{namespace="agents"}'
+    # The lag (summed over namespaces: none is named without --metrics-namespaces) comes
+    # with the next heartbeat.
+    text = wait_for(lambda: (t := metrics()) and 'suffixd_fleet_lag_entries{namespace="all"}'
                     in t and t, what="the lag gauge")
     assert "suffixd_fleet_backlog 0.0" in text and "suffixd_fleet_redis_up 1.0" in text
     # The CLI: this node's line, and every node with --fleet.
