@@ -1,5 +1,5 @@
 """Deferred steps coalesced into one store write per session and commit group
-(engine._DeferredBatch): order, truthful durable_tokens, and restore after a crash."""
+(ingest.DeferredBatch): order, truthful durable_tokens, and restore after a crash."""
 
 from __future__ import annotations
 

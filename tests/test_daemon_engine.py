@@ -6,7 +6,8 @@ import random
 import time
 from pathlib import Path
 
-from suffixd.daemon.engine import Engine, _accepted_along
+from suffixd.daemon.drafting import accepted_along as _accepted_along
+from suffixd.daemon.engine import Engine
 
 
 def _seqs(seed: int, n: int, length: int) -> list[list[int]]:

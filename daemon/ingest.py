@@ -1,0 +1,373 @@
+"""Ingest: appends to open sessions, durable or deferred, and what follows each one.
+
+Interface (``Ingest``, one per Engine):
+
+* ``append_many([(ns, sid, kind, tokens), ...])`` -> [AppendResult]: validated, then
+  committed in one transaction; durable when it returns;
+* ``append_step(sess, kind, tokens, defer_commit, commit_soon)``: a session stream's
+  append (``Engine.step``), durable or deferred; ``append_locked(checked, sessions)``: a
+  durable one with the sessions' locks held;
+* ``append_deferred(sess, kind, tokens, lazy)``: a stream step with ``defer_commit`` (any
+  kind but "response"), the session's lock held: the trees and the session follow now,
+  the write joins the session's queued ``DeferredBatch`` or queues a new one, and
+  ``sess.last_commit`` says when it is durable (``sess.durable_tokens`` follows);
+* ``wait_commits(sess)``: wait for the session's queued commits (Unavailable when one
+  failed: the session then refuses appends); ``check_write_error(sess)``;
+* ``end_batch(sess)``: stop the session's queued batch from growing (before any other
+  write of the session: close, a durable append).
+
+What an append does: a "generated" append adds to the session's pending response; a
+"response" append ends it, the pending tokens plus these becoming one sequence of the
+namespace's global tree (one request counted). After the commit (or, deferred, the
+queueing) the session tree, the tail, the pending response and the counters follow, and
+the session's last draft (``propose(..., remember=True)``) is judged against the
+appended tokens: the step goes to ``record_step``.
+
+Locks: the caller holds each session's ``lock`` across the commit and the tree update, so
+a session's store and tree see its appends in the same order; ``append_many`` takes the
+locks in sorted (ns, id) order, so two batches cannot deadlock. ``DeferredBatch.lock``
+(one for all batches) guards a batch against the store's writer thread sealing it, held
+for a few list operations. Different sessions' commits share fsyncs through the store's
+group commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from suffixcache.store import Store, StoreClosedError, Txn
+
+from .drafting import accepted_along
+from .errors import NotFound, ResourceExhausted, Unavailable
+
+if TYPE_CHECKING:
+    from suffixcache import SuffixCache
+
+    from .counters import Counters
+    from .sessions import Session, SessionRegistry
+    from .trees import TreeIndex
+
+log = logging.getLogger("suffixd.engine")
+
+# A deferred chunk stops growing at this many tokens (a new one starts): one LMDB value
+# stays small whatever a client sends between two commits.
+CHUNK_MAX = 65536
+
+
+@dataclass
+class AppendResult:
+    appended: int
+    session_tokens: int
+    accepted: int  # -1: no draft was pending
+    seq_id: int | None = None  # the global-tree sequence a "response" append created
+
+
+class DeferredBatch:
+    """A session's deferred appends (kinds other than "response") queued as one store
+    write: the chunks they add, numbered when appended, and the session record after them.
+
+    Deferred steps arrive faster than commits: each used to queue a write of its own (a
+    chunk, the session record, a future and a callback per step, all run by the store's
+    writer thread while it holds the GIL). Now a step joins the session's batch while that
+    is still queued, extending its last chunk when the kind is the same, so a commit group
+    writes one chunk and one record per session however many steps it covers. The writer
+    seals the batch when it runs it; a step after that starts the next batch, queued behind
+    it, so the store sees the session's appends in order. Every step of a batch is durable
+    when the batch's future is done (sess.last_commit)."""
+
+    __slots__ = ("sess", "chunks", "open", "rec", "sealed", "lazy")
+
+    # Guards every batch's open/chunks/rec against the writer thread sealing it; held for
+    # a few dictionary and list operations only.
+    lock = threading.Lock()
+
+    def __init__(self, sess: Session, no: int, kind: str, tokens: list[int],
+                 lazy: bool) -> None:
+        self.sess = sess
+        self.lazy = lazy  # queued as a lazy store write (Store.submit)
+        self.chunks: list[tuple[int, str, list[int]]] = [(no, kind, tokens)]
+        self.open = True  # later deferred appends of the session may still join
+        # The session record to store: snapshot taken when the batch stops growing.
+        self.rec: dict[str, Any] | None = None
+        self.sealed: tuple[list[tuple[int, str, list[int]]], dict[str, Any]] | None = None
+
+    def close(self) -> None:
+        """Stop growing (with the batch lock held): the record as it is now is the one to
+        store, because the session's next writes are not part of this batch."""
+        if self.open:
+            self.open = False
+            self.rec = dict(self.sess.rec)
+            if self.sess.batch is self:
+                self.sess.batch = None
+
+    def write(self, t: Txn) -> int:
+        """The store job. Sealed on the first run, so a replayed transaction (map resize,
+        a failed group retried job by job) writes exactly the same thing."""
+        if self.sealed is None:
+            with DeferredBatch.lock:
+                self.close()
+                assert self.rec is not None
+                self.sealed = (self.chunks, self.rec)
+        chunks, rec = self.sealed
+        ns, sid = self.sess.ns, self.sess.id
+        for no, kind, toks in chunks:
+            t.put_chunk(ns, sid, no, kind, toks)
+        t.put_session(rec)
+        return int(rec["tokens"])
+
+
+class Ingest:
+    def __init__(
+        self,
+        store: Store,
+        cache: SuffixCache,
+        registry: SessionRegistry,
+        counters: Counters,
+        trees: TreeIndex,
+        publish: Callable[..., None],
+        record_step: Callable[..., None],
+    ) -> None:
+        self.store = store
+        self.cache = cache
+        self.registry = registry
+        self.validator = registry.validator
+        self.limits = registry.limits
+        self.counters = counters
+        self.trees = trees
+        self.publish = publish
+        # The step judged from an append goes through this (Engine.record_step, which the
+        # Prometheus collector wraps).
+        self.record_step = record_step
+
+    def append_many(
+        self, items: Iterable[tuple[str, str, str, Sequence[int]]]
+    ) -> list[AppendResult]:
+        """Append items in order; all are durable (one transaction) when this returns."""
+        checked: list[tuple[Session, str, list[int]]] = []
+        total = 0
+        for ns, sid, kind, tokens in items:
+            self.validator.check_kind(kind)
+            toks = self.validator.check_tokens(tokens)
+            total += len(toks)
+            if total > self.limits.max_tokens_per_call:
+                raise ResourceExhausted(
+                    f"more than {self.limits.max_tokens_per_call} tokens in one call"
+                )
+            checked.append((self.registry.get(ns, sid), kind, toks))
+        if not checked:
+            return []
+        sessions = sorted({id(s): s for s, _, _ in checked}.values(), key=lambda s: (s.ns, s.id))
+        with contextlib.ExitStack() as stack:
+            for s in sessions:
+                stack.enter_context(s.lock)
+                if s.closed:
+                    raise NotFound(f"session {s.id!r} in namespace {s.ns!r} was closed")
+            return self.append_locked(checked, sessions)
+
+    def append_step(self, sess: Session, kind: str, toks: list[int], defer_commit: bool,
+                    commit_soon: bool) -> AppendResult:
+        """A session stream's append (validated tokens, not empty); see Engine.step."""
+        with sess.lock:
+            if sess.closed:
+                raise NotFound(f"session {sess.id!r} in namespace {sess.ns!r} was closed")
+            self.check_write_error(sess)
+            if defer_commit and kind != "response":
+                return self.append_deferred(sess, kind, toks, lazy=not commit_soon)
+            return self.append_locked([(sess, kind, toks)], [sess])[0]
+
+    def append_locked(
+        self, checked: list[tuple[Session, str, list[int]]], sessions: list[Session],
+    ) -> list[AppendResult]:
+        # Plan: the finished response tokens of each item, without mutating the sessions
+        # until the transaction committed (and without copying a session's pending
+        # response on every step: only a "response" item needs it).
+        plan: list[list[int] | None] = []
+        extra: dict[int, list[int]] = {}  # "generated" tokens of this call, per session
+        ended: set[int] = set()  # sessions whose response an earlier item ended
+        for sess, kind, toks in checked:
+            key = id(sess)
+            if kind == "generated":
+                extra.setdefault(key, []).extend(toks)
+                plan.append(None)
+            elif kind == "response":
+                prev = () if key in ended else sess.pending
+                plan.append([*prev, *extra.pop(key, ()), *toks])
+                ended.add(key)
+            else:
+                plan.append(None)
+        now = time.time()
+        # A queued deferred batch of these sessions must not grow past this write (it
+        # would put later tokens before these in the store).
+        with DeferredBatch.lock:
+            for s in sessions:
+                if s.batch is not None:
+                    s.batch.close()
+        base = {id(s): dict(s.rec) for s in sessions}
+
+        def write(t: Txn) -> tuple[dict[int, dict[str, Any]], list[int | None]]:
+            recs = {k: dict(v) for k, v in base.items()}
+            for r in recs.values():
+                r["last"] = now
+            unsaved = set(recs)  # records changed since append_chunk last stored them
+            seqs: list[int | None] = []
+            for (sess, kind, toks), resp in zip(checked, plan, strict=True):
+                r = recs[id(sess)]
+                if toks:
+                    t.append_chunk(r, kind, toks)  # stores the record too
+                    unsaved.discard(id(sess))
+                if resp is not None and resp:
+                    seq = t.add_sequence(sess.ns, "response", resp, session=sess.id)
+                    self.publish(t, "resp", sess.ns, seq=seq, tokens=resp)
+                    t.add_session_response(sess.ns, sess.id, seq)
+                    r["n_responses"] = int(r.get("n_responses", 0)) + 1
+                    unsaved.add(id(sess))
+                    seqs.append(seq)
+                else:
+                    seqs.append(None)
+            for key in unsaved:
+                t.put_session(recs[key])
+            return recs, seqs
+
+        recs, seqs = self.store.write(write)
+        for s in sessions:
+            s.durable_tokens = int(recs[id(s)]["tokens"])
+
+        # Durable: now the trees and the in-memory state follow.
+        results: list[AppendResult] = []
+        evicted: list[int] = []
+        for (sess, kind, toks), resp, seq in zip(checked, plan, seqs, strict=True):
+            accepted = self._follow_append(sess, kind, toks)
+            if seq is not None and resp:
+                evicted.extend(self.cache.add_response(sess.ns, seq, resp))
+            results.append(AppendResult(len(toks), int(recs[id(sess)]["tokens"]), accepted, seq))
+        for s in sessions:
+            s.rec = recs[id(s)]
+            s.last = now
+        if evicted:
+            self.trees.delete_sequences(evicted)
+        return results
+
+    def append_deferred(self, sess: Session, kind: str, toks: list[int],
+                        lazy: bool) -> AppendResult:
+        """One deferred append (session streams; any kind but "response", which waits for
+        its sequence id), with the session's lock held: the trees and the session follow at
+        once, the write joins the session's queued batch or queues a new one
+        (DeferredBatch), and ``sess.last_commit`` is the future that says it is durable.
+        ``lazy``: nobody waits for the commit soon (Store.submit).
+
+        The record the store will hold is kept in ``sess.rec`` (chunks numbered, tokens
+        counted as the batch will store them), so a later write builds on it."""
+        now = time.time()
+        rec = sess.rec
+        new_batch = None
+        kick = False
+        with DeferredBatch.lock:
+            b = sess.batch
+            if b is not None and b.open:
+                if b.lazy and not lazy:
+                    b.lazy = False
+                    kick = True  # its caller waits for this one: commit what is queued
+                _no, last_kind, last = b.chunks[-1]
+                if last_kind == kind and len(last) + len(toks) <= CHUNK_MAX:
+                    last.extend(toks)
+                else:
+                    no = int(rec.get("chunks", 0))
+                    b.chunks.append((no, kind, list(toks)))
+                    rec["chunks"] = no + 1
+            else:
+                no = int(rec.get("chunks", 0))
+                new_batch = sess.batch = DeferredBatch(sess, no, kind, list(toks), lazy)
+                rec["chunks"] = no + 1
+            rec["tokens"] = tokens = int(rec.get("tokens", 0)) + len(toks)
+            rec["last"] = now
+        if new_batch is not None:
+            try:
+                fut = self.store.submit(new_batch.write, lazy=lazy)
+            except BaseException:
+                # Not queued (the store is closing): the session's record and trees no
+                # longer match its store, as after a failed commit.
+                with DeferredBatch.lock:
+                    new_batch.close()
+                sess.write_error = StoreClosedError("the store is closed")
+                raise
+            sess.last_commit = fut
+            fut.add_done_callback(functools.partial(self._deferred_done, sess))
+        elif kick:
+            self.store.kick()
+
+        accepted = self._follow_append(sess, kind, toks)
+        sess.last = now
+        return AppendResult(len(toks), tokens, accepted, None)
+
+    def _follow_append(self, sess: Session, kind: str, toks: list[int]) -> int:
+        """Once an append is written (or, deferred, queued): the session's tree, tail,
+        pending response and counters follow it, and the session's last draft is judged
+        by it. Returns that draft's accepted length for a generated or response append
+        (-1 otherwise, or without a draft)."""
+        if toks:
+            self.cache.append_session(sess.ns, sess.id, toks)
+            sess.push_tail(toks)
+        accepted = -1
+        if kind in ("generated", "response"):
+            draft = sess.last_draft
+            if draft is not None:
+                sess.last_draft = None
+                accepted = accepted_along(draft, toks)
+                self.record_step(sess.ns, sess.id, draft.source, len(draft.tokens),
+                                 accepted, draft=draft, accepted_tokens=toks)
+            self.counters.count_generated(sess.ns, sess.id, len(toks), kind == "response")
+        else:
+            sess.last_draft = None
+        if kind == "generated":
+            sess.pending.extend(toks)
+        elif kind == "response":
+            sess.pending.clear()
+        return accepted
+
+    @staticmethod
+    def _deferred_done(sess: Session, fut: Future[Any]) -> None:
+        # Runs in the store's writer thread once a deferred batch committed (or failed);
+        # its result is the session's stored length.
+        exc = fut.exception()
+        if exc is not None:
+            if sess.write_error is None:
+                sess.write_error = exc
+            log.error("deferred commit failed",
+                      extra={"namespace": sess.ns, "session": sess.id, "error": repr(exc)})
+            return
+        tokens = fut.result()
+        if tokens > sess.durable_tokens:
+            sess.durable_tokens = tokens
+
+    def wait_commits(self, sess: Session) -> None:
+        """Wait until everything the session queued (deferred commits) is committed."""
+        fut = sess.last_commit
+        if fut is not None:
+            if not fut.done():
+                self.store.kick()  # it may be a lazy write waiting for company
+            with contextlib.suppress(Exception):  # reported through write_error
+                fut.result()
+        self.check_write_error(sess)
+
+    @staticmethod
+    def check_write_error(sess: Session) -> None:
+        if sess.write_error is not None:
+            raise Unavailable(
+                f"a deferred commit of session {sess.id!r} in namespace {sess.ns!r} failed "
+                f"({sess.write_error}); its stored content lacks acknowledged tokens: close "
+                "it and open another"
+            )
+
+    @staticmethod
+    def end_batch(sess: Session) -> None:
+        with DeferredBatch.lock:
+            if sess.batch is not None:
+                sess.batch.close()

@@ -1,0 +1,134 @@
+"""The global and corpus trees kept in step with the store: the start-up rebuild,
+removals a running rebuild honours, evictions deleted from the store, and which corpus
+document each corpus sequence came from.
+
+Interface (``TreeIndex``, one per Engine):
+
+* ``start_rebuild(session_tokens, t0, background, spawn, count_sessions)``: re-insert the
+  stored "response" and "corpus" sequences into the trees, now or (``background``) in the
+  ``suffixd-rebuild`` thread while the daemon serves; ``rebuilding``,
+  ``rebuild_tokens`` and ``rebuild_seconds`` tell how far it is (Info.rebuilding);
+* ``remove(ns, kind, seq_ids)``: take sequences out of the trees after they were deleted
+  from the store; a rebuild still running will not put them back;
+* ``delete_sequences(seq_ids)``: delete sequences the global tree evicted from the store
+  (queued, not waited for: an eviction lost in a crash is redone by the next rebuild);
+* ``add_corpus(ns, seq, tokens, doc_key)``, ``corpus_docs`` ((ns, seq) -> doc key) and
+  ``document_of(ns, draft)``: the document a corpus draft was drawn from.
+
+``lock`` (the rebuild lock) pairs the rebuild's inserts with live removals, so a sequence
+removed while the rebuild runs is never resurrected; it is taken with nothing but session
+locks held and only around tree calls. Live inserts need no lock: sequences written after
+the rebuild started are beyond the last id it reads. SuffixCache locks its own trees.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from suffixcache.store import Store, Txn
+
+if TYPE_CHECKING:
+    from suffixcache import SuffixCache
+
+log = logging.getLogger("suffixd.engine")
+
+
+class TreeIndex:
+    def __init__(self, store: Store, cache: SuffixCache, publish: Callable[..., None],
+                 stop: threading.Event) -> None:
+        self.store = store
+        self.cache = cache
+        self.publish = publish
+        self._stop = stop
+        self.corpus_docs: dict[tuple[str, int], str] = {}
+        self.rebuild_seconds = 0.0
+        self.rebuild_tokens = 0
+        self.rebuilding = False
+        self.lock = threading.Lock()
+        self._removed_during_rebuild: set[int] = set()
+
+    # ------------------------------------------------------------------ rebuild
+    def start_rebuild(
+        self,
+        session_tokens: int,
+        t0: float,
+        background: bool,
+        spawn: Callable[[Callable[[], None], str], None],
+        count_sessions: Callable[[], int],
+    ) -> None:
+        """After the sessions (``session_tokens`` of them) were loaded at ``t0``."""
+        self.rebuild_tokens = session_tokens
+        # Sequences written from now on go to the trees directly; the rebuild stops here.
+        last_id = int(self.store.get_meta("next_seq", 1)) - 1
+        self.rebuilding = True
+        if background:
+            spawn(lambda: self._rebuild_sequences(last_id, t0, count_sessions),
+                  "suffixd-rebuild")
+        else:
+            self._rebuild_sequences(last_id, t0, count_sessions)
+
+    def _rebuild_sequences(self, last_id: int, t0: float,
+                           count_sessions: Callable[[], int]) -> None:
+        evicted: list[int] = []
+        for rec in self.store.iter_sequences():
+            if rec["id"] > last_id or self._stop.is_set():
+                break
+            ns, toks = rec["ns"], rec["tokens"]
+            with self.lock:
+                # Removed (session closed without keeping responses, corpus document
+                # replaced) after this record was read: do not resurrect it.
+                if rec["id"] in self._removed_during_rebuild:
+                    continue
+                if rec["kind"] == "response":
+                    evicted.extend(self.cache.add_response(ns, rec["id"], toks))
+                elif rec["kind"] == "corpus":
+                    self.cache.add_corpus(ns, rec["id"], toks)
+                    if rec.get("doc") is not None:
+                        self.corpus_docs[(ns, rec["id"])] = rec["doc"]
+            self.rebuild_tokens += len(toks)
+        if evicted:
+            self.delete_sequences(evicted)
+        with self.lock:
+            self.rebuilding = False
+            self._removed_during_rebuild.clear()
+        self.rebuild_seconds = time.perf_counter() - t0
+        log.info(
+            "rebuilt trees from LMDB",
+            extra={"tokens": self.rebuild_tokens, "seconds": round(self.rebuild_seconds, 3),
+                   "sessions": count_sessions()},
+        )
+
+    # ------------------------------------------------------------------ live changes
+    def remove(self, ns: str, kind: str, seq_ids: Iterable[int]) -> None:
+        with self.lock:
+            for seq in seq_ids:
+                if self.rebuilding:
+                    self._removed_during_rebuild.add(seq)
+                if kind == "corpus":
+                    self.cache.remove_corpus(ns, seq)
+                    self.corpus_docs.pop((ns, seq), None)
+                else:
+                    self.cache.remove_response(ns, seq)
+
+    def delete_sequences(self, seq_ids: list[int]) -> None:
+        def write(t: Txn) -> None:
+            self.publish(t, "evict", "", seqs=seq_ids)
+            for seq in seq_ids:
+                t.delete_sequence(seq)
+
+        self.store.submit(write)
+
+    def add_corpus(self, ns: str, seq: int, tokens: list[int], doc_key: str) -> None:
+        self.cache.add_corpus(ns, seq, tokens)
+        self.corpus_docs[(ns, seq)] = doc_key
+
+    def document_of(self, ns: str, draft: Any) -> str | None:
+        # The drafter may name the corpus sequence it drew from; map it to its document.
+        seq = getattr(draft, "seq_id", None)
+        if seq is None or getattr(draft, "source", "") != "corpus":
+            return None
+        return self.corpus_docs.get((ns, int(seq)))
