@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from suffixd.daemon.model import extra_weight_buffers
+
 
 def spec_types(binary: str | Path) -> list[str]:
     """The speculative types this llama-server offers without a second model."""
@@ -58,6 +60,8 @@ class LlamaServer:
                 "-c", str(n_ctx), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port)]
         if spec_type:
             args += ["--spec-type", spec_type]
+        if not extra_weight_buffers():
+            args.append("--no-repack")  # as suffixd's verifier (see extra_weight_buffers)
         self._log = open(log_path or "/dev/null", "ab")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.port}"

@@ -73,6 +73,27 @@ def resolve_model_path(model: str | Path | None, cache_dir: str | Path | None = 
     return path
 
 
+def extra_weight_buffers() -> bool:
+    """Whether llama.cpp may put weights in its extra CPU buffer types (AMX tiles and the
+    repacked layouts): llama-cpp-python's ``use_extra_bufts``, llama-server's
+    ``--no-repack`` when false.
+
+    Off when the installed llama.cpp was built with AMX: its AMX matrix multiply crashed
+    (SIGSEGV in ``ggml_backend_amx_mul_mat``) on the Sapphire Rapids VMs this project is
+    tested on, in plain decoding of the embedded model, and llama.cpp has one switch for
+    every extra buffer type. ``SUFFIXD_LLAMA_EXTRA_BUFFERS=on`` or ``off`` overrides.
+    """
+    choice = os.environ.get("SUFFIXD_LLAMA_EXTRA_BUFFERS", "auto").strip().lower()
+    if choice in ("on", "1", "true", "yes"):
+        return True
+    if choice in ("off", "0", "false", "no"):
+        return False
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
+    return "AMX_INT8 = 1" not in info
+
+
 class Tokenizer:
     """The vocabulary of a GGUF model, loaded vocab-only through llama-cpp-python.
 

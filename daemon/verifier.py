@@ -44,6 +44,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .model import extra_weight_buffers
+
 log = logging.getLogger("suffixd.verifier")
 
 # Largest top-1/top-2 logit gap that llama.cpp's batch-shape rounding can flip on
@@ -381,6 +383,7 @@ class Verifier:
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
+        mparams.use_extra_bufts = extra_weight_buffers()
         self._model = _internals.LlamaModel(
             path_model=str(self.model_path), params=mparams, verbose=verbose
         )

@@ -37,3 +37,20 @@ def test_detokenize_is_linear(tok: Tokenizer) -> None:
     small, big = min(seconds(100_000) for _ in range(3)), min(seconds(1_000_000) for _ in range(2))
     assert big < 1.0  # ~0.3 s of CPU here; the quadratic version took 38 s
     assert big < 25 * max(small, 1e-3)  # 10x the ids, ~10x the time (quadratic: ~100x)
+
+
+def test_extra_weight_buffers_follow_the_build_and_the_override(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """llama.cpp's AMX matmul crashed the verifier on AMX machines: its extra weight buffers
+    are off exactly when the installed build has AMX, unless the operator says otherwise."""
+    import llama_cpp
+    from suffixd.daemon.model import extra_weight_buffers
+
+    has_amx = "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode()
+    monkeypatch.delenv("SUFFIXD_LLAMA_EXTRA_BUFFERS", raising=False)
+    assert extra_weight_buffers() is (not has_amx)
+    monkeypatch.setenv("SUFFIXD_LLAMA_EXTRA_BUFFERS", "on")
+    assert extra_weight_buffers() is True
+    monkeypatch.setenv("SUFFIXD_LLAMA_EXTRA_BUFFERS", "off")
+    assert extra_weight_buffers() is False
