@@ -68,7 +68,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgpack
 
-from suffixcache.store import Txn, pack_tokens, unpack_tokens
+from suffixcache.store_layout import pack_tokens, unpack_tokens
+from suffixcache.store_records import Txn
 
 from .errors import EngineError
 

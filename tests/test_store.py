@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from suffixcache.store import Store, TokenizerMismatchError, pack_tokens, unpack_tokens
+from suffixcache.store import Store, TokenizerMismatchError
+from suffixcache.store_layout import pack_tokens, unpack_tokens
 
 tokens_st = st.lists(st.integers(min_value=-(2**31), max_value=2**31 - 1), max_size=50)
 
