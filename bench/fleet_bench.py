@@ -235,7 +235,8 @@ def bench_replay(workloads: list[str], nodes: int) -> None:
     from suffixd.cli.bench import tokenized_workload
     from suffixd.daemon.config import CacheConfig
     from suffixd.daemon.engine import Engine
-    from suffixd.daemon.fleet import Fleet, FleetConfig
+    from suffixd.daemon.fleet import Fleet
+    from suffixd.daemon.fleet_config import FleetConfig
 
     from suffixcache.cost import CostProfile
     from suffixcache.drafter import DraftConfig, Drafter

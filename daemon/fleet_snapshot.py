@@ -1,0 +1,151 @@
+"""Snapshots: how a stream is trimmed, and how a node catches up past a trim.
+
+``FleetSnapshots`` is one of the rooms of ``Fleet`` (daemon/fleet.py), a mixin over the
+node's shared state; both methods run on the consumer thread, so nothing is applied
+meanwhile.
+
+* ``_write_snapshot(ns)``: by the one caught-up node that takes the namespace's Redis
+  lock: store the namespace as this node holds it at its position P (every response
+  with its origin, every document) under the snapshot key, then record ``trimmed = P``
+  and trim the stream to the entries from P on (XTRIM MINID), atomically.
+* ``_load_snapshot(ns)``: for a node whose position is below ``trimmed``: add the
+  responses it lacks, drop replicated ones absent from the snapshot, apply documents
+  whose content differs, then set its position to P.
+
+It uses from ``Fleet``: ``engine``, ``store``, ``src``, ``r``, ``keys``, ``_redis_mod``,
+``pos``, the counters ``snapshots_loaded`` / ``snapshots_written``, and the appliers
+``_add_to_tree`` and ``_apply_evict`` (daemon/fleet_consume.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from suffixcache.store_layout import pack_tokens, unpack_tokens
+from suffixcache.store_records import Txn
+
+from . import fleet_outbox as outbox
+from .fleet_config import RedisKeys
+
+log = logging.getLogger("suffixd.fleet")
+
+
+class FleetSnapshots:
+    # Fleet's state this room reads or keeps (annotations only: Fleet.__init__ sets them)
+    engine: Any
+    store: Any
+    src: str
+    r: Any
+    keys: RedisKeys
+    _redis_mod: Any
+    pos: dict[str, str]
+    snapshots_loaded: int
+    snapshots_written: int
+
+    def _load_snapshot(self, ns: str) -> None:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hgetall(self.keys.snapmeta(ns))
+        pipe.lrange(self.keys.snap(ns), 0, -1)
+        meta, chunks = pipe.execute()
+        if not meta or b"pos" not in meta:
+            raise self._redis_mod.RedisError(f"the stream of namespace {ns!r} was trimmed "
+                                             "but its snapshot is missing")
+        pos = meta[b"pos"].decode()
+        have = outbox.replicated(self.store, ns)
+        in_snap: set[str] = set()
+        adds: list[tuple[str, list[int]]] = []
+        docs: list[tuple[str, list[bytes], Any, Any]] = []
+        for chunk in chunks:
+            for item in outbox.load(chunk):
+                if item[0] == "r":
+                    origin = str(item[1])
+                    if origin.startswith(self.src + ":"):
+                        continue
+                    in_snap.add(origin)
+                    if origin not in have:
+                        adds.append((origin, unpack_tokens(item[2])))
+                elif item[0] == "d":
+                    docs.append((str(item[1]), list(item[2]), item[3], item[4]))
+        for i in range(0, len(adds), 256):
+            batch = adds[i:i + 256]
+
+            def write(t: Txn, batch: list[tuple[str, list[int]]] = batch) -> list[int]:
+                out = []
+                for origin, toks in batch:
+                    seq = t.add_sequence(ns, "response", toks, meta={"origin": origin})
+                    t.fleet_put(outbox.origin_key(ns, origin), seq)
+                    out.append(seq)
+                return out
+
+            for seq, (_o, toks) in zip(self.store.write(write), batch, strict=True):
+                self._add_to_tree(ns, seq, toks)
+        stale = [o for o in have if o not in in_snap]
+        if stale:
+            self._apply_evict(ns, {"o": stale}, None)
+        for key, packed, chash, meta_d in docs:
+            if outbox.digest(packed) != outbox.local_digest(self.store, ns, key):
+                self.engine.add_corpus_document(ns, key, [unpack_tokens(s) for s in packed],
+                                                content_hash=chash, meta=meta_d or {},
+                                                replica={})
+        self.store.write(lambda t: outbox.put_position(t, ns, pos))
+        self.pos[ns] = pos
+        self.snapshots_loaded += 1
+        log.info("fleet: caught up from a snapshot",
+                 extra={"namespace": ns, "pos": pos, "responses": len(adds),
+                        "documents": len(docs), "dropped": len(stale)})
+
+    def _snapshot_items(self, ns: str) -> Iterator[list[Any]]:
+        for rec in self.store.iter_sequences():
+            if rec["ns"] == ns and rec["kind"] == "response":
+                origin = (rec.get("meta") or {}).get("origin") or f"{self.src}:{rec['id']}"
+                yield ["r", origin, pack_tokens(rec["tokens"])]
+        for _ns, key, doc in self.store.iter_docs(ns):
+            yield ["d", key, outbox.doc_packed(self.store, doc), doc.get("hash"),
+                   doc.get("meta") or {}]
+
+    def _write_snapshot(self, ns: str) -> None:
+        """Snapshot the namespace at our position and trim the stream to it (the consumer
+        thread calls this, so nothing is applied meanwhile)."""
+        lock = self.keys.lock(ns)
+        if not self.r.set(lock, self.src, nx=True, ex=120):
+            return
+        try:
+            pos = self.pos.get(ns)
+            if pos is None:
+                return
+            tmp = f"{self.keys.snap(ns)}:tmp:{self.src}"
+            self.r.delete(tmp)
+            chunk: list[Any] = []
+            size = n = 0
+            pipe = self.r.pipeline(transaction=False)
+            for item in self._snapshot_items(ns):
+                chunk.append(item)
+                size += sum(len(x) for x in item if isinstance(x, bytes)) + 64
+                n += 1
+                if size > 1 << 20:
+                    pipe.rpush(tmp, outbox.dump(chunk))
+                    pipe.execute()
+                    chunk, size = [], 0
+            if chunk:
+                pipe.rpush(tmp, outbox.dump(chunk))
+            pipe.execute()
+            tx = self.r.pipeline(transaction=True)
+            if n:
+                tx.rename(tmp, self.keys.snap(ns))
+            else:
+                tx.delete(self.keys.snap(ns))
+            tx.hset(self.keys.snapmeta(ns), mapping={
+                "pos": pos, "trimmed": pos, "node": self.src, "t": time.time(), "items": n})
+            tx.xtrim(self.keys.stream(ns), minid=pos, approximate=False)
+            tx.execute()
+            self.snapshots_written += 1
+            log.info("fleet: snapshot written, stream trimmed",
+                     extra={"namespace": ns, "pos": pos, "items": n})
+        finally:
+            with contextlib.suppress(self._redis_mod.RedisError):
+                if self.r.get(lock) == self.src.encode():
+                    self.r.delete(lock)
