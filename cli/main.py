@@ -15,6 +15,7 @@ import click
 _COMMANDS: dict[str, str] = {
     "serve": "serve:serve",
     "sessions": "sessions:sessions",
+    "namespaces": "namespaces:namespaces",
     "generate": "generate:generate",
     "warm": "warm:warm",
     "stats": "stats:stats",

@@ -47,6 +47,16 @@ import click
               help="Tokens kept in each namespace's global tree (oldest responses evicted).")
 @click.option("--max-sessions", type=int, default=10_000, show_default=True,
               help="Open sessions per namespace.")
+@click.option("--max-namespaces", type=int, default=1_000, show_default=True,
+              help="Namespaces holding any state (sessions, trees, counters, corpus files).")
+@click.option("--max-session-tokens", type=int, default=2_000_000, show_default=True,
+              help="Tokens of one session's tree (appends past it are refused).")
+@click.option("--max-session-bytes", type=int, default=256 << 20, show_default=True,
+              help="Memory of one session's tree, in bytes.")
+@click.option("--max-total-session-tokens", type=int, default=16_000_000, show_default=True,
+              help="Tokens of all session trees together.")
+@click.option("--max-total-session-bytes", type=int, default=2 << 30, show_default=True,
+              help="Memory of all session trees together, in bytes.")
 @click.option("--session-idle-timeout", type=float, default=24 * 3600.0, show_default=True,
               help="Seconds after which an untouched session is closed (0: never).")
 @click.option("--max-tokens-per-call", type=int, default=1 << 20, show_default=True)
@@ -100,6 +110,11 @@ def serve(
     workers: int,
     global_budget_tokens: int,
     max_sessions: int,
+    max_namespaces: int,
+    max_session_tokens: int,
+    max_session_bytes: int,
+    max_total_session_tokens: int,
+    max_total_session_bytes: int,
     session_idle_timeout: float,
     max_tokens_per_call: int,
     max_message_bytes: int,
@@ -137,6 +152,11 @@ def serve(
             max_message_bytes=max_message_bytes,
             max_tokens_per_call=max_tokens_per_call,
             max_sessions_per_namespace=max_sessions,
+            max_namespaces=max_namespaces,
+            max_session_tokens=max_session_tokens,
+            max_session_bytes=max_session_bytes,
+            max_total_session_tokens=max_total_session_tokens,
+            max_total_session_bytes=max_total_session_bytes,
             session_idle_timeout_s=session_idle_timeout,
         ),
         cache=CacheConfig(global_budget_tokens=global_budget_tokens),

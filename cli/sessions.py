@@ -67,11 +67,13 @@ def list_(namespace: str | None, as_json: bool, address: str | None, socket_path
 @click.argument("namespace")
 @click.argument("session_id")
 @click.option("--json", "as_json", is_flag=True)
+@click.option("--tail", "tail", type=click.IntRange(min=0), default=0,
+              help="Also the session's last N tokens (ids, and text with a tokenizer).")
 @connection_options
-def show(namespace: str, session_id: str, as_json: bool, address: str | None,
+def show(namespace: str, session_id: str, as_json: bool, tail: int, address: str | None,
          socket_path: str | None, data_dir: str | None, auth_token: str | None) -> None:
     """Show one session and its counters."""
-    info = _run(lambda c: c.describe_session(namespace, session_id, True), address,
+    info = _run(lambda c: c.describe_session(namespace, session_id, True, tail), address,
                 socket_path, data_dir, auth_token)
     if as_json:
         click.echo(json.dumps(info.__dict__, indent=1))
@@ -84,6 +86,8 @@ def show(namespace: str, session_id: str, as_json: bool, address: str | None,
     click.echo(f"steps      {c.get('steps', 0)}   proposed {c.get('draft_tokens_proposed', 0)}"
                f"   accepted {c.get('draft_tokens_accepted', 0)}"
                f"   rate {c.get('acceptance_rate', 0.0):.1%}")
+    if tail:
+        click.echo(f"tail       {' '.join(map(str, info.tail))}")
 
 
 @sessions.command()

@@ -106,7 +106,8 @@ def summarize(
                 for s in sessions
             ]
         namespaces.append(entry)
-    out: dict[str, Any] = {"time": time.time(), "namespaces": namespaces}
+    out: dict[str, Any] = {"time": time.time(), "namespaces": namespaces,
+                           "memory": [dict(m) for m in resp.get("memory") or []]}
     if resp.get("fleet_json"):
         out["fleet"] = json.loads(resp["fleet_json"])
     return out
@@ -198,12 +199,37 @@ def render_fleet(fleet: Mapping[str, Any] | None) -> str:
     return "\n".join(out) + "\n"
 
 
+def _budget(tokens: int, nbytes: int) -> str:
+    parts = [f"{tokens:,} tokens" if tokens else "", _human_bytes(nbytes) if nbytes else ""]
+    return " / ".join(p for p in parts if p) or "none"
+
+
+def memory_lines(memory: list[Mapping[str, Any]]) -> list[str]:
+    """The trees' memory by kind over the whole daemon, against the budgets."""
+    if not memory:
+        return []
+    per = {"session": "per session", "global": "per namespace", "corpus": "per namespace"}
+    out = [f"{'memory':<10}{'trees':>9}{'tokens':>14}{'memory':>12}   budget (all; per tree)"]
+    for m in memory:
+        kind = str(m["kind"])
+        line = (f"  {kind:<8}{int(m['trees']):>9,}{int(m['tokens']):>14,}"
+                f"{_human_bytes(int(m['bytes'])):>12}   "
+                f"{_budget(int(m['budget_tokens']), int(m['budget_bytes']))}")
+        if m.get("budget_tokens_per_tree") or m.get("budget_bytes_per_tree"):
+            tree_budget = _budget(int(m["budget_tokens_per_tree"]),
+                                  int(m["budget_bytes_per_tree"]))
+            line += f"; {per.get(kind, 'per tree')} {tree_budget}"
+        out.append(line)
+    return [*out, ""]
+
+
 def render_table(report: Mapping[str, Any]) -> str:
     out: list[str] = []
     if report.get("generator"):
         out.extend(_generator_lines(report["generator"]))
     if report.get("fleet"):
         out.extend([_fleet_line(report["fleet"]["node"]), ""])
+    out.extend(memory_lines(report.get("memory") or []))
     if not report["namespaces"]:
         return "\n".join(out + ["no namespaces yet (nothing ingested, no requests)"]) + "\n"
     for e in report["namespaces"]:

@@ -128,8 +128,10 @@ class AsyncSession:
         return self.client.stepper(self.namespace, self.id, max_tokens, cost_profile,
                                    defer_commit)
 
-    async def describe(self, include_counters: bool = False) -> SessionInfo:
-        return await self.client.describe_session(self.namespace, self.id, include_counters)
+    async def describe(self, include_counters: bool = False, tail_tokens: int = 0
+                       ) -> SessionInfo:
+        return await self.client.describe_session(self.namespace, self.id, include_counters,
+                                                  tail_tokens)
 
     async def close(self, keep_responses: bool | None = None) -> None:
         if self.closed:
@@ -296,9 +298,16 @@ class AsyncClient:
         return [SessionInfo.from_pb(s) for s in resp.sessions]
 
     async def describe_session(self, namespace: str, session_id: str,
-                               include_counters: bool = False) -> SessionInfo:
-        req = rq.describe_session_request(namespace, session_id, include_counters)
+                               include_counters: bool = False, tail_tokens: int = 0
+                               ) -> SessionInfo:
+        """See Client.describe_session."""
+        req = rq.describe_session_request(namespace, session_id, include_counters, tail_tokens)
         return SessionInfo.from_pb(await self.call(self.stub.DescribeSession, req))
+
+    async def drop_namespace(self, namespace: str) -> dict[str, Any]:
+        """See Client.drop_namespace."""
+        req = rq.drop_namespace_request(namespace)
+        return message_to_dict(await self.call(self.stub.DropNamespace, req))
 
     async def append(self, namespace: str, session_id: str, tokens: Sequence[int] | None = None,
                      *, text: str | None = None, kind: str = "prompt") -> AppendResult:
@@ -335,9 +344,19 @@ class AsyncClient:
         return AsyncStepper(self, namespace, session_id, max_tokens, cost_profile, defer_commit)
 
     async def stats(self, namespace: str | None = None, session_id: str | None = None,
-                    include_sessions: bool = False, top_documents: int = 10) -> dict[str, Any]:
-        req = rq.stats_request(namespace, session_id, include_sessions, top_documents)
-        return message_to_dict(await self.call(self.stub.Stats, req))
+                    include_sessions: bool = False, top_documents: int = 10,
+                    page_size: int = 0) -> dict[str, Any]:
+        """See Client.stats."""
+        total: dict[str, Any] | None = None
+        token = ""
+        while True:
+            req = rq.stats_request(namespace, session_id, include_sessions, top_documents,
+                                   page_size, token)
+            page = message_to_dict(await self.call(self.stub.Stats, req))
+            total = rq.merge_stats_page(total, page)
+            token = total["next_page_token"]
+            if not token:
+                return total
 
     async def generate(self, session: str | None = None, *, timeout: float | None = None,
                        **kwargs: Any) -> AsyncIterator[GenerateChunk]:

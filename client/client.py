@@ -199,8 +199,9 @@ class Session:
         return self.client.stepper(self.namespace, self.id, max_tokens, cost_profile,
                                    defer_commit)
 
-    def describe(self, include_counters: bool = False) -> SessionInfo:
-        return self.client.describe_session(self.namespace, self.id, include_counters)
+    def describe(self, include_counters: bool = False, tail_tokens: int = 0) -> SessionInfo:
+        return self.client.describe_session(self.namespace, self.id, include_counters,
+                                            tail_tokens)
 
     def close(self, keep_responses: bool | None = None) -> None:
         if self.closed:
@@ -340,10 +341,16 @@ class Client(GenerateMixin):  # generate(): client/generate.py
         resp = self.call(self.stub.ListSessions, rq.list_sessions_request(namespace))
         return [SessionInfo.from_pb(s) for s in resp.sessions]
 
-    def describe_session(self, namespace: str, session_id: str, include_counters: bool = False
-                         ) -> SessionInfo:
-        req = rq.describe_session_request(namespace, session_id, include_counters)
+    def describe_session(self, namespace: str, session_id: str, include_counters: bool = False,
+                         tail_tokens: int = 0) -> SessionInfo:
+        """A session's record; ``tail_tokens``: also its last N tokens (``info.tail``)."""
+        req = rq.describe_session_request(namespace, session_id, include_counters, tail_tokens)
         return SessionInfo.from_pb(self.call(self.stub.DescribeSession, req))
+
+    def drop_namespace(self, namespace: str) -> dict[str, Any]:
+        """Delete a namespace and everything in it, durably (see DropNamespace)."""
+        req = rq.drop_namespace_request(namespace)
+        return message_to_dict(self.call(self.stub.DropNamespace, req))
 
     # -- ingest ----------------------------------------------------------------
     def append(
@@ -424,9 +431,19 @@ class Client(GenerateMixin):  # generate(): client/generate.py
         session_id: str | None = None,
         include_sessions: bool = False,
         top_documents: int = 10,
+        page_size: int = 0,
     ) -> dict[str, Any]:
-        req = rq.stats_request(namespace, session_id, include_sessions, top_documents)
-        return message_to_dict(self.call(self.stub.Stats, req))
+        """Every page of the Stats RPC as one reply (``page_size`` namespaces per call;
+        0: the daemon's default)."""
+        total: dict[str, Any] | None = None
+        token = ""
+        while True:
+            req = rq.stats_request(namespace, session_id, include_sessions, top_documents,
+                                   page_size, token)
+            total = rq.merge_stats_page(total, message_to_dict(self.call(self.stub.Stats, req)))
+            token = total["next_page_token"]
+            if not token:
+                return total
 
     def health(self, service: str = "") -> str:
         from grpc_health.v1 import health_pb2, health_pb2_grpc

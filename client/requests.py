@@ -106,10 +106,19 @@ def list_sessions_request(namespace: str | None) -> pb.ListSessionsRequest:
     return pb.ListSessionsRequest(namespace=namespace or "")
 
 
-def describe_session_request(namespace: str, session_id: str,
-                             include_counters: bool) -> pb.DescribeSessionRequest:
+def describe_session_request(namespace: str, session_id: str, include_counters: bool,
+                             tail_tokens: int = 0) -> pb.DescribeSessionRequest:
+    if tail_tokens < 0:
+        raise ValueError("tail_tokens must be >= 0")
     return pb.DescribeSessionRequest(namespace=namespace, session_id=session_id,
-                                     include_counters=include_counters)
+                                     include_counters=include_counters,
+                                     tail_tokens=tail_tokens)
+
+
+def drop_namespace_request(namespace: str) -> pb.DropNamespaceRequest:
+    if not namespace:
+        raise ValueError("drop_namespace needs a namespace")
+    return pb.DropNamespaceRequest(namespace=namespace)
 
 
 def append_request(
@@ -187,9 +196,21 @@ def step_request(
 
 
 def stats_request(namespace: str | None, session_id: str | None, include_sessions: bool,
-                  top_documents: int) -> pb.StatsRequest:
+                  top_documents: int, page_size: int = 0,
+                  page_token: str = "") -> pb.StatsRequest:
     return pb.StatsRequest(namespace=namespace or "", session_id=session_id or "",
-                           include_sessions=include_sessions, top_documents=top_documents)
+                           include_sessions=include_sessions, top_documents=top_documents,
+                           page_size=page_size, page_token=page_token)
+
+
+def merge_stats_page(total: dict[str, Any] | None, page: dict[str, Any]) -> dict[str, Any]:
+    """Stats replies come in pages (StatsResponse.next_page_token): the pages so far as
+    one reply, ``total`` None for the first."""
+    if total is None:
+        return page
+    total["namespaces"].extend(page["namespaces"])
+    total["next_page_token"] = page["next_page_token"]
+    return total
 
 
 def generate_request(

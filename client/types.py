@@ -70,6 +70,7 @@ class SessionInfo:
     last_active_at: float
     responses: int
     counters: dict[str, Any] | None = None
+    tail: list[int] = field(default_factory=list)  # describe(tail_tokens=N): the last N
 
     @classmethod
     def from_pb(cls, m: pb.SessionInfo) -> SessionInfo:
@@ -77,6 +78,7 @@ class SessionInfo:
             m.namespace, m.session_id, dict(m.metadata), m.tokens, m.created_at,
             m.last_active_at, m.responses,
             message_to_dict(m.counters) if m.HasField("counters") else None,
+            list(m.tail),
         )
 
 

@@ -26,7 +26,16 @@ class Limits:
     # Tokens in one Append / AppendBatch / IngestStream message / Speculate context.
     max_tokens_per_call: int = 1 << 20
     max_sessions_per_namespace: int = 10_000
+    # Namespaces holding any state: open sessions, global or corpus sequences, stored
+    # counters (a Speculate in a new namespace creates them), corpus files.
     max_namespaces: int = 1_000
+    # Session trees in memory (~90 bytes a token): one session, and all of them. An append
+    # that would go past one is refused (RESOURCE_EXHAUSTED, naming the limit); the bytes
+    # are the trees' measured size, checked before each append.
+    max_session_tokens: int = 2_000_000
+    max_session_bytes: int = 256 << 20
+    max_total_session_tokens: int = 16_000_000
+    max_total_session_bytes: int = 2 << 30
     # Sessions untouched for this long are closed (responses kept). 0 disables.
     session_idle_timeout_s: float = 24 * 3600.0
     max_draft_tokens: int = 256

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from suffixcache.store import Store, Txn
 
@@ -29,10 +29,14 @@ from .errors import InvalidArgument, ResourceExhausted
 from .trees import TreeIndex
 from .validation import Validator
 
+if TYPE_CHECKING:
+    from .budgets import NamespaceLimit
+
 
 class CorpusDocuments:
     def __init__(self, store: Store, validator: Validator, trees: TreeIndex,
-                 publish: Callable[..., None]) -> None:
+                 publish: Callable[..., None], namespaces: NamespaceLimit) -> None:
+        self.namespaces = namespaces
         self.store = store
         self.validator = validator
         self.limits = validator.limits
@@ -57,6 +61,8 @@ class CorpusDocuments:
             raise ResourceExhausted(
                 f"more than {self.limits.max_tokens_per_call} tokens in one document"
             )
+        if replica is None:  # a fleet peer's document is applied whatever the limit
+            self.namespaces.admit(ns)
         old: list[int] = []
 
         def write(t: Txn) -> list[int]:

@@ -34,6 +34,8 @@ from typing import Any
 import grpc
 from suffixd.v1 import corpus_pb2, corpus_pb2_grpc
 
+from suffixcache.store import DiskFullError
+
 from .errors import EngineError, FailedPrecondition, InvalidArgument, ResourceExhausted
 from .logs import event
 
@@ -106,6 +108,7 @@ class CorpusIngest:
     def commit(self, ns: str, chunks: Sequence[Chunk]) -> WarmResult:
         """Store the chunks in one durable transaction, then index them."""
         _check_name("namespace", ns, _MAX_NAME_BYTES)
+        self.engine.admit_namespace(ns)  # a warm may be a namespace's first state
         limit = self.engine.limits.max_tokens_per_call
         total = 0
         for ch in chunks:
@@ -168,7 +171,10 @@ class CorpusIngest:
             return [(sid, tp[0], tp[1]) for sid, tp in added.items()], removed, completed
 
         with self._commit_lock:
-            added, removed, completed = self.engine.store.write(write)
+            try:
+                added, removed, completed = self.engine.store.write(write)
+            except DiskFullError as exc:
+                raise ResourceExhausted(str(exc)) from None
             self._unindex(ns, removed)
             cache = self.engine.cache
             docs = self.engine._corpus_docs

@@ -29,7 +29,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-from suffixcache.store import Store, Txn
+from suffixcache.store import Store, StoreError, Txn
 
 from .errors import InvalidArgument
 
@@ -136,6 +136,23 @@ class Counters:
             d[doc_key] = d.get(doc_key, 0) + n
             self._dirty.add((ns, ""))
 
+    def has_namespace(self, ns: str) -> bool:
+        return (ns, "") in self._counters
+
+    def namespaces(self) -> set[str]:
+        with self.lock:
+            return {k[0] for k in self._counters}
+
+    def forget_namespace(self, ns: str) -> bool:
+        """A dropped namespace's counters (the store dropped their records); whether
+        there were any."""
+        with self.lock:
+            keys = [k for k in self._counters if k[0] == ns]
+            for key in keys:
+                del self._counters[key]
+                self._dirty.discard(key)
+            return bool(keys) | (self._docs_accepted.pop(ns, None) is not None)
+
     def forget_session(self, ns: str, sid: str) -> None:
         with self.lock:
             self._counters.pop((ns, sid), None)
@@ -165,17 +182,36 @@ class Counters:
 
         def write(t: Txn) -> None:
             for (ns, sid), c in snap.items():
-                if (ns, sid) in live:
+                # (not those of a namespace dropped since the snapshot)
+                if (ns, sid) in live and (ns, sid) in self._counters:
                     t.put_counters(ns, sid, c)
 
-        self.store.write(write)
+        try:
+            self.store.write(write)
+        except BaseException:
+            with self.lock:  # written by a later flush
+                self._dirty.update(k for k in snap if k in self._counters)
+            raise
 
     def flush_loop(self, interval: float, stop: threading.Event) -> None:
+        failing = False
         while not stop.wait(interval):
             try:
                 self.flush()
+            except StoreError as exc:
+                # A full disk fails every flush until space returns: one line when it starts
+                # failing and one when it recovers, not a traceback a second. The counts
+                # stay in memory (dirty) and reach LMDB with the next flush that commits.
+                if not failing:
+                    log.warning("counter flush failed; retrying", extra={"error": str(exc)})
+                failing = True
+                continue
             except Exception:
                 log.exception("counter flush failed")
+                continue
+            if failing:
+                log.info("counter flush recovered")
+                failing = False
 
     # ------------------------------------------------------------------ stats
     def stats(
@@ -184,7 +220,10 @@ class Counters:
         session_id: str | None = None,
         include_sessions: bool = False,
         top_documents: int = 10,
+        names: list[str] | None = None,
     ) -> dict[str, Any]:
+        """``names``: only these namespaces (a page of the Stats RPC), whose counters alone
+        are copied."""
         if ns:
             self.registry.validator.check_name("namespace", ns)
         if session_id:
@@ -192,15 +231,17 @@ class Counters:
                 raise InvalidArgument("a session id needs its namespace")
             self.registry.get(ns, session_id)
         open_by_ns, sess_tokens = self.registry.snapshot()
+        wanted = {ns} if ns else set(names) if names is not None else None
         with self.lock:
-            ctrs = {k: json.loads(json.dumps(v)) for k, v in self._counters.items()}
-            docs = {k: dict(v) for k, v in self._docs_accepted.items()}
-        names = set(self.cache.namespaces()) | {k[0] for k in ctrs} | set(open_by_ns)
-        if ns:
-            names = {ns}
-        cache_stats = self.cache.stats()
+            ctrs = {k: json.loads(json.dumps(v)) for k, v in self._counters.items()
+                    if wanted is None or k[0] in wanted}
+            docs = {k: dict(v) for k, v in self._docs_accepted.items()
+                    if wanted is None or k in wanted}
+        if wanted is None:
+            wanted = set(self.cache.namespaces()) | {k[0] for k in ctrs} | set(open_by_ns)
+        cache_stats = {n: s for n in wanted for s in self.cache.stats(n).values()}
         out: dict[str, Any] = {}
-        for name in sorted(names):
+        for name in sorted(wanted):
             entry: dict[str, Any] = {
                 "counters": derive(ctrs.get((name, ""), new_counters())),
                 "cache": cache_stats.get(name, {}),

@@ -42,6 +42,7 @@ from .sessions import TAIL_KEEP, Session, SessionRegistry
 if TYPE_CHECKING:
     from suffixcache import SuffixCache
 
+    from .budgets import NamespaceLimit
     from .trees import TreeIndex
 
 log = logging.getLogger("suffixd.engine")
@@ -84,9 +85,11 @@ class Drafting:
         registry: SessionRegistry,
         counters: Counters,
         trees: TreeIndex,
+        namespaces: NamespaceLimit,
     ) -> None:
         from suffixcache import CostProfile, DraftConfig, Drafter
 
+        self.namespaces = namespaces
         self.cache = cache
         self.cache_config = cache_config
         self.registry = registry
@@ -146,6 +149,9 @@ class Drafting:
     ) -> Any:
         self.validator.check_name("namespace", ns)
         sess = self.registry.get(ns, session_id) if session_id else None
+        if sess is None:
+            # Its counters would be the namespace's first state (the probe's flood).
+            self.namespaces.admit(ns)
         if context is None:
             if sess is None:
                 raise InvalidArgument("give a context or a session")

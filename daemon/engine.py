@@ -85,12 +85,14 @@ from typing import Any
 
 from suffixcache.store import Store, Txn
 
+from .budgets import NamespaceLimit, SessionBudgets
 from .config import CacheConfig, Limits
 from .corpus_docs import CorpusDocuments
 from .counters import SOURCES, Counters
 from .drafting import Drafting
 from .errors import FailedPrecondition, NotFound, ResourceExhausted
 from .ingest import AppendResult, Ingest
+from .namespace_drop import NamespaceParts, drop_namespace
 from .sessions import TAIL_KEEP, Session, SessionRegistry, Sessions
 from .trees import TreeIndex
 from .validation import KINDS, Validator
@@ -177,15 +179,20 @@ class Engine:
         self.validator = Validator(self.limits, self.vocab_size)
         self.registry = SessionRegistry(self.limits, self.validator)
         self.counters = Counters(self.store, self.registry, self.cache)
+        self.namespaces = NamespaceLimit(self.limits, self.cache, self.registry, self.counters)
+        self.budgets = SessionBudgets(self.limits, self.cache)
         self.trees = TreeIndex(self.store, self.cache, self._publish, self._stop)
         self.drafting = Drafting(self.cache, self.cache_config, self.registry, self.counters,
-                                 self.trees)
+                                 self.trees, self.namespaces)
         self.observers: list[Any] = self.drafting.observers
         self.ingest = Ingest(self.store, self.cache, self.registry, self.counters, self.trees,
-                             self._publish, self._judged_step)
+                             self._publish, self._judged_step, self.budgets)
         self.sessions = Sessions(self.store, self.cache, self.registry, self.counters,
-                                 self.trees, self.ingest, self._publish)
-        self.corpus = CorpusDocuments(self.store, self.validator, self.trees, self._publish)
+                                 self.trees, self.ingest, self._publish, self.namespaces)
+        self.corpus = CorpusDocuments(self.store, self.validator, self.trees, self._publish,
+                                      self.namespaces)
+        self._parts = NamespaceParts(self.store, self.cache, self.registry, self.counters,
+                                     self.trees, self.ingest, self.budgets, self.namespaces)
         # (ns, corpus sequence) -> document key; corpus_service.py indexes warmed files here.
         self._corpus_docs = self.trees.corpus_docs
 
@@ -445,8 +452,43 @@ class Engine:
         session_id: str | None = None,
         include_sessions: bool = False,
         top_documents: int = 10,
+        names: list[str] | None = None,
     ) -> dict[str, Any]:
-        return self.counters.stats(ns, session_id, include_sessions, top_documents)
+        """Per namespace (all, ``ns``, or ``names``): counters, tree sizes, sessions."""
+        return self.counters.stats(ns, session_id, include_sessions, top_documents, names)
+
+    # ------------------------------------------------------------------ bounded state
+    def stats_namespaces(self, ns: str | None = None) -> list[str]:
+        """The namespaces a Stats request covers, sorted: ``ns`` alone, or every one
+        holding state."""
+        if ns:
+            self.validator.check_name("namespace", ns)
+            return [ns]
+        return self.namespaces.names()
+
+    def drop_namespace(self, ns: str) -> dict[str, Any]:
+        """Delete a namespace and everything in it, durably (daemon/namespace_drop.py):
+        {found, sessions, sequences, documents}."""
+        return drop_namespace(self._parts, ns)
+
+    def admit_namespace(self, ns: str) -> None:
+        """Before creating state in ``ns`` (ResourceExhausted past --max-namespaces)."""
+        self.namespaces.admit(ns)
+
+    def memory(self) -> list[dict[str, Any]]:
+        """The trees by kind over every namespace, against their budgets (Stats.memory)."""
+        lim = self.limits
+        mem = self.cache.memory()
+        budgets = {
+            "session": (lim.max_total_session_tokens, lim.max_total_session_bytes,
+                        lim.max_session_tokens, lim.max_session_bytes),
+            "global": (0, 0, self.cache_config.global_budget_tokens, 0),
+            "corpus": (0, 0, 0, 0),
+        }
+        return [{"kind": kind, **mem[kind],
+                 **dict(zip(("budget_tokens", "budget_bytes", "budget_tokens_per_tree",
+                             "budget_bytes_per_tree"), budgets[kind], strict=True))}
+                for kind in ("session", "global", "corpus")]
 
     # ------------------------------------------------------------------ corpus
     def add_corpus_document(

@@ -43,7 +43,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from suffixcache.store import Store, StoreClosedError, Txn
+from suffixcache.store import DiskFullError, Store, StoreClosedError, Txn
 
 from .drafting import accepted_along
 from .errors import NotFound, ResourceExhausted, Unavailable
@@ -51,6 +51,7 @@ from .errors import NotFound, ResourceExhausted, Unavailable
 if TYPE_CHECKING:
     from suffixcache import SuffixCache
 
+    from .budgets import SessionBudgets
     from .counters import Counters
     from .sessions import Session, SessionRegistry
     from .trees import TreeIndex
@@ -134,8 +135,10 @@ class Ingest:
         trees: TreeIndex,
         publish: Callable[..., None],
         record_step: Callable[..., None],
+        budgets: SessionBudgets,
     ) -> None:
         self.store = store
+        self.budgets = budgets
         self.cache = cache
         self.registry = registry
         self.validator = registry.validator
@@ -186,6 +189,10 @@ class Ingest:
     def append_locked(
         self, checked: list[tuple[Session, str, list[int]]], sessions: list[Session],
     ) -> list[AppendResult]:
+        adding: dict[int, int] = {}
+        for sess, _kind, toks in checked:
+            adding[id(sess)] = adding.get(id(sess), 0) + len(toks)
+        self.budgets.check([(s, adding.get(id(s), 0)) for s in sessions])
         # Plan: the finished response tokens of each item, without mutating the sessions
         # until the transaction committed (and without copying a session's pending
         # response on every step: only a "response" item needs it).
@@ -265,6 +272,7 @@ class Ingest:
 
         The record the store will hold is kept in ``sess.rec`` (chunks numbered, tokens
         counted as the batch will store them), so a later write builds on it."""
+        self.budgets.check([(sess, len(toks))])
         now = time.time()
         rec = sess.rec
         new_batch = None
@@ -315,6 +323,7 @@ class Ingest:
         if toks:
             self.cache.append_session(sess.ns, sess.id, toks)
             sess.push_tail(toks)
+            self.budgets.grew(sess, len(toks))
         accepted = -1
         if kind in ("generated", "response"):
             draft = sess.last_draft
@@ -360,7 +369,9 @@ class Ingest:
     @staticmethod
     def check_write_error(sess: Session) -> None:
         if sess.write_error is not None:
-            raise Unavailable(
+            error = ResourceExhausted if isinstance(sess.write_error, DiskFullError) \
+                else Unavailable
+            raise error(
                 f"a deferred commit of session {sess.id!r} in namespace {sess.ns!r} failed "
                 f"({sess.write_error}); its stored content lacks acknowledged tokens: close "
                 "it and open another"

@@ -17,6 +17,7 @@ and bounded by one group commit.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import functools
 import json
@@ -31,10 +32,10 @@ import grpc.aio
 from suffixd.v1 import suffixd_pb2 as pb
 from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
 
-from suffixcache.store import StoreClosedError
+from suffixcache.store import DiskFullError, StoreClosedError
 
 from .engine import Engine
-from .errors import EngineError, InvalidArgument, Unavailable
+from .errors import EngineError, InvalidArgument, ResourceExhausted, Unavailable
 
 log = logging.getLogger("suffixd.service")
 
@@ -51,6 +52,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
     if isinstance(exc, EngineError):
         context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+    if isinstance(exc, DiskFullError):
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
     if isinstance(exc, StoreClosedError):
         context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
     log.exception("internal error in RPC")
@@ -61,6 +64,8 @@ async def _abort_aio(context: grpc.aio.ServicerContext, exc: BaseException) -> N
     """_abort for a coroutine handler (aio's abort is awaited; it raises)."""
     if isinstance(exc, EngineError):
         await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+    if isinstance(exc, DiskFullError):
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
     if isinstance(exc, StoreClosedError):
         await context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
     log.exception("internal error in RPC", exc_info=exc)
@@ -135,6 +140,41 @@ def _tree_pb(d: dict[str, Any]) -> pb.TreeSize:
         bytes=int(d.get("bytes", 0)),
         evictions=int(d.get("evictions", 0)),
     )
+
+
+def _namespace_pb(ns: str, e: dict[str, Any]) -> pb.NamespaceStats:
+    cache = e["cache"]
+    nsm = pb.NamespaceStats(namespace=ns, counters=counters_pb(e["counters"]),
+                            open_sessions=e["open_sessions"])
+    getattr(nsm, "global").CopyFrom(_tree_pb(cache.get("global", {})))
+    nsm.corpus.CopyFrom(_tree_pb(cache.get("corpus", {})))
+    nsm.sessions.CopyFrom(_tree_pb(cache.get("sessions", {})))
+    for key, acc in e["top_documents"]:
+        nsm.top_documents.add(doc_key=key, accepted=acc)
+    for sid, s in e.get("sessions", {}).items():
+        nsm.session_stats.add(session_id=sid, counters=counters_pb(s["counters"]),
+                              tokens=s["tokens"])
+    return nsm
+
+
+# Namespaces per Stats reply unless the request says otherwise.
+DEFAULT_STATS_PAGE = 1000
+
+
+def _page_token(after: str | None) -> str:
+    """The name the next page starts after, opaque to clients (hex of its UTF-8)."""
+    return "n" + (after or "").encode("utf-8").hex()
+
+
+def _page_after(token: str) -> str | None:
+    if not token:
+        return None
+    try:
+        if not token.startswith("n"):
+            raise ValueError
+        return bytes.fromhex(token[1:]).decode("utf-8")
+    except ValueError:
+        raise InvalidArgument("invalid page_token (pass next_page_token as it came)") from None
 
 
 def _cost_profile(msg: pb.CostProfile) -> dict[str, Any] | None:
@@ -220,6 +260,11 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
                 max_sessions_per_namespace=lim.max_sessions_per_namespace,
                 session_idle_timeout_s=lim.session_idle_timeout_s,
                 max_draft_tokens=lim.max_draft_tokens,
+                max_namespaces=lim.max_namespaces,
+                max_session_tokens=lim.max_session_tokens,
+                max_session_bytes=lim.max_session_bytes,
+                max_total_session_tokens=lim.max_total_session_tokens,
+                max_total_session_bytes=lim.max_total_session_bytes,
             ),
             services=i["services"],
             rebuilding=i["rebuilding"],
@@ -264,10 +309,23 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
     def DescribeSession(
         self, request: pb.DescribeSessionRequest, context: grpc.ServicerContext
     ) -> Any:
+        limit = self.engine.limits.max_tokens_per_call
+        if request.tail_tokens > limit:
+            raise ResourceExhausted(f"tail_tokens {request.tail_tokens} is above the limit of "
+                                    f"tokens per call ({limit})")
         info = self.engine.describe_session(
-            request.namespace, request.session_id, 0, request.include_counters
+            request.namespace, request.session_id, request.tail_tokens, request.include_counters
         )
-        return session_pb(info)
+        msg = session_pb(info)
+        msg.tail.extend(info.get("tail", ()))
+        return msg
+
+    @rpc
+    def DropNamespace(self, request: pb.DropNamespaceRequest,
+                      context: grpc.ServicerContext) -> Any:
+        r = self.engine.drop_namespace(request.namespace)
+        return pb.DropNamespaceResponse(found=r["found"], sessions=r["sessions"],
+                                        sequences=r["sequences"], documents=r["documents"])
 
     @rpc
     def Append(self, request: pb.AppendRequest, context: grpc.ServicerContext) -> Any:
@@ -456,31 +514,38 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
 
     @rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> Any:
-        st = self.engine.stats(
-            request.namespace or None,
-            request.session_id or None,
-            request.include_sessions,
-            request.top_documents or 10,
-        )
-        out = pb.StatsResponse()
-        fleet = getattr(self.engine, "fleet", None)
-        if fleet is not None:
-            out.fleet_json = json.dumps(fleet.status())
-        for ns, e in st.items():
-            cache = e["cache"]
-            nsm = out.namespaces.add(
-                namespace=ns,
-                counters=counters_pb(e["counters"]),
-                open_sessions=e["open_sessions"],
-            )
-            getattr(nsm, "global").CopyFrom(_tree_pb(cache.get("global", {})))
-            nsm.corpus.CopyFrom(_tree_pb(cache.get("corpus", {})))
-            nsm.sessions.CopyFrom(_tree_pb(cache.get("sessions", {})))
-            for key, acc in e["top_documents"]:
-                nsm.top_documents.add(doc_key=key, accepted=acc)
-            for sid, s in e.get("sessions", {}).items():
-                nsm.session_stats.add(session_id=sid, counters=counters_pb(s["counters"]),
-                                      tokens=s["tokens"])
+        """One page of namespaces (StatsRequest.page_size, and at most half the message
+        limit), in name order, resuming after the name page_token carries."""
+        page_size = request.page_size or DEFAULT_STATS_PAGE
+        after = _page_after(request.page_token)
+        names = self.engine.stats_namespaces(request.namespace or None)
+        total = len(names)
+        start = bisect.bisect_right(names, after) if after is not None else 0
+        out = pb.StatsResponse(namespaces_total=total)
+        if start == 0:
+            fleet = getattr(self.engine, "fleet", None)
+            if fleet is not None:
+                out.fleet_json = json.dumps(fleet.status())
+            for m in self.engine.memory():
+                out.memory.add(**m)
+        budget = self.engine.limits.max_message_bytes // 2 - out.ByteSize()
+        window = names[start:start + page_size]
+        st = self.engine.stats(request.namespace or None, request.session_id or None,
+                               request.include_sessions, request.top_documents or 10,
+                               names=window)
+        size = done = 0
+        for ns in window:
+            e = st.get(ns)
+            if e is not None:  # (None: dropped since the names were listed)
+                nsm = _namespace_pb(ns, e)
+                n = nsm.ByteSize() + 8  # the field's tag and length
+                if out.namespaces and size + n > budget:
+                    break  # the next page starts with it
+                out.namespaces.append(nsm)
+                size += n
+            done += 1
+        if start + done < total:
+            out.next_page_token = _page_token(names[start + done - 1] if done else after)
         return out
 
 

@@ -45,6 +45,7 @@ from .validation import Validator
 if TYPE_CHECKING:
     from suffixcache import SuffixCache
 
+    from .budgets import NamespaceLimit
     from .counters import Counters
     from .ingest import DeferredBatch, Ingest
     from .trees import TreeIndex
@@ -133,12 +134,8 @@ class SessionRegistry:
             if n >= self.limits.max_sessions_per_namespace:
                 raise ResourceExhausted(
                     f"namespace {ns!r} has {n} open sessions; the limit is "
-                    f"{self.limits.max_sessions_per_namespace} (close some first)"
-                )
-            if n == 0 and len(self._ns_sessions) >= self.limits.max_namespaces:
-                raise ResourceExhausted(
-                    f"{len(self._ns_sessions)} namespaces have open sessions; "
-                    f"the limit is {self.limits.max_namespaces}"
+                    f"{self.limits.max_sessions_per_namespace} (--max-sessions): close some "
+                    "first"
                 )
             self._sessions[(ns, sid)] = sess
             self._ns_sessions[ns] = n + 1
@@ -156,6 +153,13 @@ class SessionRegistry:
                 self._ns_sessions.pop(ns, None)
             else:
                 self._ns_sessions[ns] = n
+
+    def has_namespace(self, ns: str) -> bool:
+        return ns in self._ns_sessions
+
+    def namespaces(self) -> set[str]:
+        with self.lock:
+            return set(self._ns_sessions)
 
     def sessions(self, ns: str | None = None) -> list[Session]:
         with self.lock:
@@ -188,8 +192,11 @@ class Sessions:
         trees: TreeIndex,
         ingest: Ingest,
         publish: Publish,
+        namespaces: NamespaceLimit,
     ) -> None:
         self.store = store
+        self.namespaces = namespaces
+        self.budgets = ingest.budgets
         self.cache = cache
         self.registry = registry
         self.validator = registry.validator
@@ -211,6 +218,7 @@ class Sessions:
             sess = Session(ns, sid, srec)
             sess.push_tail(toks[-TAIL_KEEP:])
             self.registry.load(sess)
+            self.budgets.opened(sess, len(toks))
         return n_tokens
 
     def open(
@@ -231,6 +239,8 @@ class Sessions:
         sess = Session(ns, sid, rec)
         sess.lock.acquire()  # nobody may use the session before it is durable
         try:
+            self.namespaces.admit(ns)
+            self.budgets.check([(sess, len(toks))])
             self.registry.add(sess)
             try:
                 def write(t: Txn) -> dict[str, Any]:
@@ -244,6 +254,7 @@ class Sessions:
                 sess.rec = self.store.write(write)
                 sess.durable_tokens = int(sess.rec.get("tokens", 0))
                 self.cache.open_session(ns, sid, toks)
+                self.budgets.opened(sess, len(toks))
             except BaseException:
                 self.registry.remove(ns, sid)
                 with contextlib.suppress(Exception):
@@ -286,12 +297,16 @@ class Sessions:
         self.registry.remove(ns, sid)
         self.counters.forget_session(ns, sid)
         self.cache.close_session(ns, sid)
+        self.budgets.dropped(ns, sid)
+        kept = 0
         if keep_responses:
             for seq in pending_seq:
                 self.trees.delete_sequences(self.cache.add_response(ns, seq, pending))
+            # The truth: the global budget may have evicted older responses already.
+            in_tree = set(self.cache.response_ids(ns))
+            kept = sum(1 for seq in (*responses, *pending_seq) if seq in in_tree)
         else:
             self.trees.remove(ns, "response", responses)
-        kept = len(responses) + len(pending_seq) if keep_responses else 0
         return {"tokens": int(sess.rec.get("tokens", 0)), "responses_kept": kept}
 
     def infos(self, ns: str | None = None) -> list[dict[str, Any]]:

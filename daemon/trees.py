@@ -114,6 +114,15 @@ class TreeIndex:
                 else:
                     self.cache.remove_response(ns, seq)
 
+    def forget_namespace(self, ns: str, seq_ids: Iterable[int]) -> None:
+        """A dropped namespace (its trees are dropped whole, by the caller): a rebuild still
+        running skips its deleted sequences, and its corpus documents are forgotten."""
+        with self.lock:
+            if self.rebuilding:
+                self._removed_during_rebuild.update(seq_ids)
+            for key in [k for k in self.corpus_docs if k[0] == ns]:
+                del self.corpus_docs[key]
+
     def delete_sequences(self, seq_ids: list[int]) -> None:
         def write(t: Txn) -> None:
             self.publish(t, "evict", "", seqs=seq_ids)

@@ -134,6 +134,14 @@ class SuffixCache:
     def namespaces(self) -> list[str]:
         return sorted(self._namespaces)
 
+    def has_namespace(self, name: str) -> bool:
+        return name in self._namespaces
+
+    def drop_namespace(self, name: str) -> bool:
+        """Forget a namespace and all its trees; False if there was none."""
+        with self._lock:
+            return self._namespaces.pop(name, None) is not None
+
     # ------------------------------------------------------------ global tree
 
     def add_response(self, namespace: str, seq_id: int, tokens: Sequence[int]) -> list[int]:
@@ -224,6 +232,12 @@ class SuffixCache:
                 return []
             return list(tree.tree.seq_tokens(SESSION_SEQ))
 
+    def session_bytes(self, namespace: str, session_id: str) -> int:
+        """The session tree's measured memory (cheap: no walk of the tree)."""
+        tree = self._session(namespace, session_id)
+        with tree.lock:
+            return int(tree.tree.memory_bytes)
+
     def session_length(self, namespace: str, session_id: str) -> int:
         tree = self._session(namespace, session_id)
         with tree.lock:
@@ -280,6 +294,21 @@ class SuffixCache:
                 for key in ("tokens", "nodes", "bytes"):
                     sessions[key] += s[key]
             out[name] = {"global": g, "corpus": ns.corpus_tree.stats(), "sessions": sessions}
+        return out
+
+    def memory(self) -> dict[str, dict[str, int]]:
+        """Trees, tokens and bytes by kind ("session", "global", "corpus") over every
+        namespace."""
+        out = {k: {"trees": 0, "tokens": 0, "bytes": 0} for k in ("session", "global", "corpus")}
+        for ns in list(self._namespaces.values()):
+            for kind, trees in (("global", [ns.global_tree]), ("corpus", [ns.corpus_tree]),
+                                ("session", list(ns.sessions.values()))):
+                m = out[kind]
+                for tree in trees:
+                    with tree.lock:
+                        m["trees"] += 1
+                        m["tokens"] += int(tree.tree.num_tokens)
+                        m["bytes"] += int(tree.tree.memory_bytes)
         return out
 
     def check_integrity(self) -> None:

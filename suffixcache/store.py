@@ -19,8 +19,9 @@ Interface: ``Store(path, map_size=, sync=, max_batch=, lazy_interval_s=)``; ``wr
 ``iter_sessions``, ``get_session``, ``session_chunks``, ``session_tokens``,
 ``iter_counters``, ``get_doc``, ``iter_docs``, ``fleet_get``, ``fleet_items``, ``stat``);
 ``check_tokenizer``; ``close``. Errors: ``StoreError``, ``TokenizerMismatchError``,
-``StoreClosedError``. ``Txn``, ``pack_tokens`` and ``unpack_tokens`` live in the modules
-above.
+``StoreClosedError``, ``DiskFullError`` (a write failed for want of space: nothing of it
+was stored, and writes succeed again once space is freed; reads are unaffected).
+``Txn``, ``pack_tokens`` and ``unpack_tokens`` live in the modules above.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 
 import lmdb
 
+from .store_errors import DiskFullError, StoreError
 from .store_layout import (
     SCHEMA_VERSION,
     U64,
@@ -48,9 +50,8 @@ from .store_layout import (
 from .store_records import Txn
 from .store_writer import GroupCommitWriter
 
-
-class StoreError(Exception):
-    """Base class of the store's errors."""
+__all__ = ["DiskFullError", "Store", "StoreClosedError", "StoreError", "TokenizerMismatchError",
+           "Txn"]
 
 
 class TokenizerMismatchError(StoreError):

@@ -7,6 +7,7 @@ suffixcache/store_layout.py):
 * sequences: ``next_seq_id``, ``add_sequence``, ``get_sequence``, ``delete_sequence``
 * sessions: ``get_session``, ``put_session``, ``append_chunk``, ``put_chunk``,
   ``add_session_response``, ``session_responses``, ``delete_session``
+* a whole namespace: ``drop_namespace``
 * counters, documents, meta: ``put_counters``, ``get_doc``, ``put_doc``, ``delete_doc``,
   ``put_meta``
 * the fleet's replication state: ``fleet_get``, ``fleet_put``, ``fleet_delete``
@@ -126,6 +127,33 @@ class Txn:
                         break
         self.txn.delete(name_key(ns, sid), db=self._dbs.sess)
         self.txn.delete(name_key(ns, sid), db=self._dbs.ctr)
+
+    def drop_namespace(self, ns: str) -> dict[str, Any]:
+        """Delete every record of namespace ``ns``: its sessions (records, chunks,
+        response lists), counters, corpus documents and sequences (global and corpus;
+        they are keyed by id alone, so all of them are scanned). Returns the deleted
+        sequence ids, the documents and the other records deleted."""
+        prefix = ns.encode("utf-8") + b"\x00"
+        d = self._dbs
+        records = documents = 0
+        for db in (d.sess, d.chunk, d.sresp, d.ctr, d.doc):
+            cur = self.txn.cursor(db=db)
+            ok = cur.set_range(prefix)
+            while ok and cast(bytes, cur.key()).startswith(prefix):
+                records += 1
+                documents += db is d.doc
+                ok = cur.delete()
+        seq_ids: list[int] = []
+        cur = self.txn.cursor(db=d.seq)
+        ok = cur.first()
+        while ok:
+            if load(cur.value()).get("ns") == ns:
+                seq_ids.append(int.from_bytes(cur.key(), "big"))
+                # (after the last record the cursor is past the end: an empty key)
+                ok = cur.delete() and bool(cur.key())
+            else:
+                ok = cur.next()
+        return {"sequence_ids": seq_ids, "documents": documents, "records": records}
 
     # -- counters and documents -----------------------------------------
     def put_counters(self, ns: str, sid: str, counters: dict[str, Any]) -> None:

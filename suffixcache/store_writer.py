@@ -9,7 +9,8 @@ callers share one fsync. Writes submitted ``lazy`` (nobody waits for them soon) 
 
 A transaction that hits ``MapFullError`` is aborted, the map doubled and the batch
 replayed, so callers never see the error. A job that raises fails alone: the others of
-its group are committed without it.
+its group are committed without it. A transaction that fails for want of disk space
+raises ``DiskFullError`` (suffixcache/store_errors.py); the environment stays usable.
 
 Interface: ``GroupCommitWriter(env, dbs, lock, max_batch=, lazy_interval_s=)`` starts the
 thread; ``submit(fn, lazy=)`` -> ``Future`` of ``fn(txn)``'s result once committed;
@@ -29,6 +30,7 @@ from typing import Any
 
 import lmdb
 
+from .store_errors import DiskFullError, free_bytes, is_disk_full
 from .store_layout import Databases
 from .store_records import Txn
 
@@ -137,6 +139,13 @@ class GroupCommitWriter:
                     new_size = self.env.info()["map_size"] * 2
                     self.env.set_mapsize(new_size)
                     self.resizes += 1
-                except BaseException:
+                except BaseException as exc:
                     txn.abort()
+                    path = self.env.path()
+                    if isinstance(exc, (lmdb.Error, OSError)) and is_disk_full(path, exc):
+                        raise DiskFullError(
+                            f"disk full: the store {path} cannot take this write "
+                            f"({free_bytes(path)} bytes free; {exc}); nothing of it was "
+                            "stored: free some space"
+                        ) from exc
                     raise

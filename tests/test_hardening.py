@@ -179,3 +179,43 @@ def test_detokenize_has_a_per_call_limit(daemon_factory: Any) -> None:
     with pytest.raises(ResourceExhaustedError, match="the limit is 1000"):
         c.detokenize((ids * 1001)[:1001])
     c.close()
+
+
+def test_a_full_disk_refuses_writes_serves_reads_and_recovers(daemon_factory: Any,
+                                                              small_tmpfs: Path) -> None:
+    from suffixd.client import ResourceExhaustedError
+
+    data = small_tmpfs / "data"
+    proc = daemon_factory(data_dir=data, args=["--model", "none"],
+                          log_path=small_tmpfs.parent / "daemon.log")
+    c = proc.client()
+    toks = [7, 8, 9, 10, 11, 12] * 50
+    c.open_session("disk", "s")
+    c.append("disk", "s", toks, kind="prompt")
+    c.append("disk", "s", toks[:40], kind="response")
+    filler = fill(small_tmpfs)
+    # writes: refused, saying why, nothing of them applied. (A small write may still fit
+    # in the free pages LMDB keeps inside its file: these do not.)
+    big = list(range(1, 300_001))
+    with pytest.raises(ResourceExhaustedError, match="disk full"):
+        for _ in range(5):
+            c.append("disk", "s", big, kind="tool")
+    with pytest.raises(ResourceExhaustedError, match="disk full"):
+        c.open_session("disk", "other", tokens=big)
+    n = c.describe_session("disk", "s").tokens
+    # reads and drafts: served
+    assert c.speculate("disk", "s", toks[:12], 8).tokens
+    assert c.stats("disk")["namespaces"][0]["global"]["tokens"] == 40
+    assert [x.session_id for x in c.list_sessions("disk")] == ["s"]
+    # space returns: writes work again, and everything acknowledged is there after a restart
+    filler.unlink()
+    assert c.append("disk", "s", [5, 6, 7], kind="tool").session_tokens == n + 3
+    c.open_session("disk", "other")
+    c.close()
+    proc.stop()
+    proc = daemon_factory(data_dir=data, args=["--model", "none"],
+                          log_path=small_tmpfs.parent / "daemon.log")
+    c = proc.client()
+    assert {x.session_id: x.tokens for x in c.list_sessions("disk")} == {"s": n + 3, "other": 0}
+    c.close()
+    assert "Traceback" not in proc.log()

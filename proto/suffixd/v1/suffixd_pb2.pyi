@@ -31,18 +31,28 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("max_message_bytes", "max_tokens_per_call", "max_sessions_per_namespace", "session_idle_timeout_s", "max_draft_tokens")
+    __slots__ = ("max_message_bytes", "max_tokens_per_call", "max_sessions_per_namespace", "session_idle_timeout_s", "max_draft_tokens", "max_namespaces", "max_session_tokens", "max_session_bytes", "max_total_session_tokens", "max_total_session_bytes")
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_PER_CALL_FIELD_NUMBER: _ClassVar[int]
     MAX_SESSIONS_PER_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SESSION_IDLE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     MAX_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOTAL_SESSION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOTAL_SESSION_BYTES_FIELD_NUMBER: _ClassVar[int]
     max_message_bytes: int
     max_tokens_per_call: int
     max_sessions_per_namespace: int
     session_idle_timeout_s: float
     max_draft_tokens: int
-    def __init__(self, max_message_bytes: _Optional[int] = ..., max_tokens_per_call: _Optional[int] = ..., max_sessions_per_namespace: _Optional[int] = ..., session_idle_timeout_s: _Optional[float] = ..., max_draft_tokens: _Optional[int] = ...) -> None: ...
+    max_namespaces: int
+    max_session_tokens: int
+    max_session_bytes: int
+    max_total_session_tokens: int
+    max_total_session_bytes: int
+    def __init__(self, max_message_bytes: _Optional[int] = ..., max_tokens_per_call: _Optional[int] = ..., max_sessions_per_namespace: _Optional[int] = ..., session_idle_timeout_s: _Optional[float] = ..., max_draft_tokens: _Optional[int] = ..., max_namespaces: _Optional[int] = ..., max_session_tokens: _Optional[int] = ..., max_session_bytes: _Optional[int] = ..., max_total_session_tokens: _Optional[int] = ..., max_total_session_bytes: _Optional[int] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
     __slots__ = ("version", "model_path", "vocab_size", "tokenizer_fingerprint", "data_dir", "limits", "services", "rebuilding", "rebuild_tokens", "rebuild_seconds")
@@ -114,7 +124,7 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., tokens: _Optional[_Union[TokenList, _Mapping]] = ..., text: _Optional[str] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("namespace", "session_id", "metadata", "tokens", "created_at", "last_active_at", "responses", "counters")
+    __slots__ = ("namespace", "session_id", "metadata", "tokens", "created_at", "last_active_at", "responses", "counters", "tail")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +140,7 @@ class SessionInfo(_message.Message):
     LAST_ACTIVE_AT_FIELD_NUMBER: _ClassVar[int]
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     session_id: str
     metadata: _containers.ScalarMap[str, str]
@@ -138,7 +149,8 @@ class SessionInfo(_message.Message):
     last_active_at: float
     responses: int
     counters: Counters
-    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., tokens: _Optional[int] = ..., created_at: _Optional[float] = ..., last_active_at: _Optional[float] = ..., responses: _Optional[int] = ..., counters: _Optional[_Union[Counters, _Mapping]] = ...) -> None: ...
+    tail: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., tokens: _Optional[int] = ..., created_at: _Optional[float] = ..., last_active_at: _Optional[float] = ..., responses: _Optional[int] = ..., counters: _Optional[_Union[Counters, _Mapping]] = ..., tail: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("namespace", "session_id", "keep_responses")
@@ -293,16 +305,20 @@ class StepRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., append: _Optional[_Iterable[int]] = ..., append_kind: _Optional[_Union[Kind, str]] = ..., max_tokens: _Optional[int] = ..., cost_profile: _Optional[_Union[CostProfile, _Mapping]] = ..., no_draft: _Optional[bool] = ..., defer_commit: _Optional[bool] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
-    __slots__ = ("namespace", "session_id", "include_sessions", "top_documents")
+    __slots__ = ("namespace", "session_id", "include_sessions", "top_documents", "page_size", "page_token")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     TOP_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     session_id: str
     include_sessions: bool
     top_documents: int
-    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., include_sessions: _Optional[bool] = ..., top_documents: _Optional[int] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., include_sessions: _Optional[bool] = ..., top_documents: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class SourceCount(_message.Message):
     __slots__ = ("source", "steps", "proposed", "accepted")
@@ -392,9 +408,53 @@ class NamespaceStats(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., counters: _Optional[_Union[Counters, _Mapping]] = ..., corpus: _Optional[_Union[TreeSize, _Mapping]] = ..., sessions: _Optional[_Union[TreeSize, _Mapping]] = ..., open_sessions: _Optional[int] = ..., top_documents: _Optional[_Iterable[_Union[DocumentStat, _Mapping]]] = ..., session_stats: _Optional[_Iterable[_Union[SessionStats, _Mapping]]] = ..., **kwargs) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("namespaces", "fleet_json")
+    __slots__ = ("namespaces", "fleet_json", "next_page_token", "namespaces_total", "memory")
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     FLEET_JSON_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
     namespaces: _containers.RepeatedCompositeFieldContainer[NamespaceStats]
     fleet_json: str
-    def __init__(self, namespaces: _Optional[_Iterable[_Union[NamespaceStats, _Mapping]]] = ..., fleet_json: _Optional[str] = ...) -> None: ...
+    next_page_token: str
+    namespaces_total: int
+    memory: _containers.RepeatedCompositeFieldContainer[TreeMemory]
+    def __init__(self, namespaces: _Optional[_Iterable[_Union[NamespaceStats, _Mapping]]] = ..., fleet_json: _Optional[str] = ..., next_page_token: _Optional[str] = ..., namespaces_total: _Optional[int] = ..., memory: _Optional[_Iterable[_Union[TreeMemory, _Mapping]]] = ...) -> None: ...
+
+class TreeMemory(_message.Message):
+    __slots__ = ("kind", "trees", "tokens", "bytes", "budget_tokens", "budget_bytes", "budget_tokens_per_tree", "budget_bytes_per_tree")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TREES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_TOKENS_PER_TREE_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_BYTES_PER_TREE_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    trees: int
+    tokens: int
+    bytes: int
+    budget_tokens: int
+    budget_bytes: int
+    budget_tokens_per_tree: int
+    budget_bytes_per_tree: int
+    def __init__(self, kind: _Optional[str] = ..., trees: _Optional[int] = ..., tokens: _Optional[int] = ..., bytes: _Optional[int] = ..., budget_tokens: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., budget_tokens_per_tree: _Optional[int] = ..., budget_bytes_per_tree: _Optional[int] = ...) -> None: ...
+
+class DropNamespaceRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class DropNamespaceResponse(_message.Message):
+    __slots__ = ("found", "sessions", "sequences", "documents")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    sessions: int
+    sequences: int
+    documents: int
+    def __init__(self, found: _Optional[bool] = ..., sessions: _Optional[int] = ..., sequences: _Optional[int] = ..., documents: _Optional[int] = ...) -> None: ...

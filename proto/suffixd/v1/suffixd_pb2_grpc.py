@@ -99,6 +99,11 @@ class SuffixdStub:
                 request_serializer=suffixd_dot_v1_dot_suffixd__pb2.StatsRequest.SerializeToString,
                 response_deserializer=suffixd_dot_v1_dot_suffixd__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.DropNamespace = channel.unary_unary(
+                '/suffixd.v1.Suffixd/DropNamespace',
+                request_serializer=suffixd_dot_v1_dot_suffixd__pb2.DropNamespaceRequest.SerializeToString,
+                response_deserializer=suffixd_dot_v1_dot_suffixd__pb2.DropNamespaceResponse.FromString,
+                _registered_method=True)
 
 
 class SuffixdServicer:
@@ -203,7 +208,18 @@ class SuffixdServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Stats(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Paginated: at most page_size namespaces per reply (and never more than half the
+        message limit); follow next_page_token for the rest.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropNamespace(self, request, context):
+        """Delete a namespace and everything in it, durably (one LMDB transaction): its open
+        sessions (closed, their responses dropped), global and corpus sequences, corpus
+        file records and counters. Frees its place under Limits.max_namespaces.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -275,6 +291,11 @@ def add_SuffixdServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=suffixd_dot_v1_dot_suffixd__pb2.StatsRequest.FromString,
                     response_serializer=suffixd_dot_v1_dot_suffixd__pb2.StatsResponse.SerializeToString,
+            ),
+            'DropNamespace': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropNamespace,
+                    request_deserializer=suffixd_dot_v1_dot_suffixd__pb2.DropNamespaceRequest.FromString,
+                    response_serializer=suffixd_dot_v1_dot_suffixd__pb2.DropNamespaceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -628,6 +649,33 @@ class Suffixd:
             '/suffixd.v1.Suffixd/Stats',
             suffixd_dot_v1_dot_suffixd__pb2.StatsRequest.SerializeToString,
             suffixd_dot_v1_dot_suffixd__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropNamespace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/suffixd.v1.Suffixd/DropNamespace',
+            suffixd_dot_v1_dot_suffixd__pb2.DropNamespaceRequest.SerializeToString,
+            suffixd_dot_v1_dot_suffixd__pb2.DropNamespaceResponse.FromString,
             options,
             channel_credentials,
             insecure,
