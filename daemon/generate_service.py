@@ -20,6 +20,8 @@ import grpc
 from suffixd.v1 import generate_pb2 as gpb
 from suffixd.v1 import generate_pb2_grpc as gpb_grpc
 
+from suffixcache.store import DiskFullError
+
 from .chat import ChatTemplateError
 from .errors import EngineError
 from .generation import Generation, GenerationRequest, Runtime
@@ -90,6 +92,8 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except EngineError as exc:
             context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+        except DiskFullError as exc:  # the session's appends could not be stored
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except Exception as exc:
             if isinstance(exc, grpc.RpcError) or type(exc).__name__ == "_AbortError":
                 raise

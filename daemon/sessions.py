@@ -239,8 +239,9 @@ class Sessions:
         sess = Session(ns, sid, rec)
         sess.lock.acquire()  # nobody may use the session before it is durable
         try:
-            self.namespaces.admit(ns)
+            # (the budgets first: a refused opening must not take a namespace's place)
             self.budgets.check([(sess, len(toks))])
+            self.namespaces.admit(ns)
             self.registry.add(sess)
             try:
                 def write(t: Txn) -> dict[str, Any]:
