@@ -134,7 +134,8 @@ def serve(
     """Run the suffixd daemon (gRPC, and with --http the OpenAI API) until SIGTERM or
     Ctrl-C."""
     from suffixd.daemon.config import CacheConfig, Limits, default_data_dir
-    from suffixd.daemon.server import ServeConfig, ServeError, run, setup_logging
+    from suffixd.daemon.serve_config import ServeConfig, ServeError
+    from suffixd.daemon.server import run, setup_logging
 
     setup_logging(log_json, log_level)
     if bool(tls_cert) != bool(tls_key):

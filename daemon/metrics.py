@@ -296,7 +296,7 @@ def register(server: Any, engine: Any) -> list[str]:
     try:
         ms = start_metrics(engine, addr, bool(cfg.extra.get("metrics_namespaces")))
     except (OSError, ValueError) as exc:
-        from .server import ServeError
+        from .serve_config import ServeError
 
         raise ServeError(f"cannot serve metrics on {addr}: {exc}") from None
     engine.metrics_server = ms

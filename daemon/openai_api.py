@@ -27,12 +27,22 @@ lossless greedy output, exact sampling and the counters are the same.
 Runs in the daemon process on an event loop of its own thread (uvicorn + Starlette),
 so it never blocks the gRPC server nor the other way round; generation runs in worker
 threads and shares the model through the verifier's fair turn queue.
+
+The rooms: daemon/openai_request.py parses and validates requests and maps errors to
+OpenAI error objects; daemon/openai_stream.py runs a generation on a worker thread and
+shapes its chunks as a JSON body or server-sent events. This module holds the app
+(routes, auth, body limit, the generation handler) and the server.
+
+Interface: ``start_http(engine, "HOST:PORT", token=, insecure=, max_body_bytes=)`` ->
+``HttpServer`` (``address``, ``stop()``); ``OpenAIFront`` (the Starlette app);
+``parse_http_addr`` and ``_is_loopback`` (also used by the start-up checks).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import ipaddress
 import json
@@ -41,7 +51,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,46 +60,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .chat import ChatTemplateError
-from .errors import EngineError
-from .generation import MAX_TOKENS_LIMIT, Generation, GenerationRequest
-from .session_finder import SessionFinder, message_text
-from .verifier import Chunk, ContextOverflowError
+from .generation import Generation, GenerationRequest
+from .openai_request import (
+    ApiError,
+    api_error,
+    apply_sampling,
+    chat_messages,
+    completion_prompt,
+    render_message,
+)
+from .openai_stream import Run, completion_body, sse_events
+from .session_finder import SessionFinder
 
 log = logging.getLogger("suffixd.http")
 
 DEFAULT_COMPLETION_TOKENS = 1024  # when a request names no max_tokens (and room allows)
-MAX_STOP = 4  # as OpenAI
-_STATUS_BY_CODE = {
-    "INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "ALREADY_EXISTS": 409,
-    "RESOURCE_EXHAUSTED": 429, "FAILED_PRECONDITION": 400, "UNAVAILABLE": 503,
-    "UNAUTHENTICATED": 401,
-}
-# Fields that change what is generated and that suffixd does not implement: refused
-# unless they carry their neutral value.
-_REFUSED_UNLESS_NEUTRAL: dict[str, Callable[[Any], bool]] = {
-    "logprobs": lambda v: v in (None, False, 0),
-    "top_logprobs": lambda v: v in (None, 0),
-    "frequency_penalty": lambda v: v in (None, 0, 0.0),
-    "presence_penalty": lambda v: v in (None, 0, 0.0),
-    "logit_bias": lambda v: not v,
-    "best_of": lambda v: v in (None, 1),
-    "echo": lambda v: v in (None, False),
-    "suffix": lambda v: v in (None, ""),
-    "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
-}
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = (
-            status, message, param, code, kind)
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}
 
 
 def _error_response(exc: ApiError) -> JSONResponse:
@@ -116,102 +101,6 @@ def parse_http_addr(spec: str) -> tuple[str, int]:
     if not 0 <= p < 65536:
         raise ValueError(f"--http {spec!r}: the port must be in 0..65535")
     return host.strip("[]"), p
-
-
-# ----------------------------------------------------------------------- requests
-def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
-    v = body.get(name)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ApiError(400, f"'{name}' must be a number", param=name)
-    if not lo <= v <= hi:
-        raise ApiError(400, f"'{name}' must be between {lo} and {hi}", param=name)
-    return float(v)
-
-
-def _int(body: dict[str, Any], name: str) -> int | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ApiError(400, f"'{name}' must be an integer", param=name)
-    return v
-
-
-def _common(body: dict[str, Any], req: GenerationRequest) -> None:
-    """The sampling fields shared by chat and text completions."""
-    for name, neutral in _REFUSED_UNLESS_NEUTRAL.items():
-        if name in body and not neutral(body[name]):
-            raise ApiError(400, f"'{name}' is not supported by suffixd", param=name,
-                           code="unsupported_parameter")
-    n = _int(body, "n")
-    if n not in (None, 1):
-        raise ApiError(400, "only n=1 is supported", param="n", code="unsupported_parameter")
-    req.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    req.top_p = _number(body, "top_p", 1.0, 0.0, 1.0) or 1.0
-    top_k = _int(body, "top_k")  # llama-server and vLLM accept it
-    if top_k is not None:
-        if top_k < 0:
-            raise ApiError(400, "'top_k' must be >= 0", param="top_k")
-        req.top_k = top_k
-    seed = _int(body, "seed")
-    req.seed = seed if seed is None else seed & 0xFFFFFFFFFFFFFFFF
-    stop = body.get("stop")
-    if stop is None:
-        req.stop = ()
-    elif isinstance(stop, str):
-        req.stop = (stop,) if stop else ()
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        if len(stop) > MAX_STOP:
-            raise ApiError(400, f"at most {MAX_STOP} stop sequences", param="stop")
-        req.stop = tuple(s for s in stop if s)
-    else:
-        raise ApiError(400, "'stop' must be a string or a list of strings", param="stop")
-    for name in ("max_completion_tokens", "max_tokens"):
-        v = _int(body, name)
-        if v is None:
-            continue
-        if v < 1:
-            raise ApiError(400, f"'{name}' must be >= 1", param=name)
-        if v > MAX_TOKENS_LIMIT:
-            raise ApiError(400, f"'{name}' is above the limit of {MAX_TOKENS_LIMIT}",
-                           param=name)
-        req.max_tokens = v
-        break
-    if "ignore_eos" in body:
-        req.ignore_eos = bool(body["ignore_eos"])
-
-
-def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise ApiError(400, "'messages' must be a non-empty list", param="messages")
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError(400, f"messages[{i}] must be an object with a 'role'",
-                           param=f"messages[{i}]")
-        content = m.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise ApiError(400, f"messages[{i}].content must be a string or a list of parts",
-                           param=f"messages[{i}].content")
-    return msgs
-
-
-def _render_message(m: dict[str, Any]) -> dict[str, str]:
-    """An OpenAI message as the chat template's {role, content}: content parts joined,
-    an assistant's tool calls written out as JSON (the model sees what it called)."""
-    role = "system" if m["role"] == "developer" else m["role"]
-    text = message_text(m.get("content"))
-    calls = [c.get("function") for c in m.get("tool_calls") or () if isinstance(c, dict)]
-    if calls:
-        rendered = "\n".join(
-            json.dumps({"name": f.get("name"), "arguments": f.get("arguments")},
-                       ensure_ascii=False)
-            for f in calls if isinstance(f, dict)
-        )
-        text = f"{text}\n{rendered}" if text else rendered
-    return {"role": role, "content": text}
 
 
 # ----------------------------------------------------------------------- the app
@@ -301,7 +190,7 @@ class OpenAIFront:
         except ApiError as exc:
             return _error_response(exc)
         except Exception as exc:
-            return _error_response(_api_error(exc))
+            return _error_response(api_error(exc))
 
     # ------------------------------------------------------------------ routes
     async def health(self, request: Request) -> Response:
@@ -334,23 +223,13 @@ class OpenAIFront:
         model = self._check_model(body)
         ns, sid = self._names(request)
         req = GenerationRequest(namespace=ns)
-        _common(body, req)
+        apply_sampling(body, req)
         messages: list[dict[str, Any]] | None = None
         if chat:
-            messages = _chat_messages(body)
-            req.messages = [_render_message(m) for m in messages]
+            messages = chat_messages(body)
+            req.messages = [render_message(m) for m in messages]
         else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-                prompt = prompt[0]
-            if isinstance(prompt, str):
-                req.text = prompt
-            elif isinstance(prompt, list) and prompt and all(
-                    isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-                req.tokens = list(prompt)
-            else:
-                raise ApiError(400, "'prompt' must be a string or a list of token ids "
-                               "(one prompt per request)", param="prompt")
+            completion_prompt(body, req)
         stream = bool(body.get("stream", False))
         opts = body.get("stream_options") or {}
         include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
@@ -366,7 +245,7 @@ class OpenAIFront:
         else:
             auto = False
         req.session_id = sid
-        run = _Run(self, req, prompt_tokens, loop)
+        run = Run(self.generation, req, prompt_tokens, loop)
         run.start()
         try:
             first = await run.next()
@@ -378,9 +257,10 @@ class OpenAIFront:
         meta = {"namespace": ns, "session": sid, "session_found": found}
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         if stream:
+            release = functools.partial(self.finder.release, ns, sid, messages) if auto \
+                else None
             return StreamingResponse(
-                self._sse(run, first, rid, model, chat, include_usage, meta,
-                          messages if auto else None),
+                sse_events(run, first, rid, model, chat, include_usage, meta, release),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -393,7 +273,7 @@ class OpenAIFront:
             run.cancel()
             if auto:
                 self.finder.release(ns, sid, messages, text if last.finish_reason else None)
-        return JSONResponse(self._final(rid, model, chat, text, last, meta))
+        return JSONResponse(completion_body(rid, model, chat, text, last, meta))
 
     def _prepare(self, req: GenerationRequest) -> list[int]:
         rt = self.generation.runtime()
@@ -403,152 +283,6 @@ class OpenAIFront:
             req.max_tokens = max(1, min(DEFAULT_COMPLETION_TOKENS, room))
         req.params().validate()
         return toks
-
-    def _final(self, rid: str, model: str, chat: bool, text: str, last: Chunk,
-               meta: dict[str, Any]) -> dict[str, Any]:
-        finish = last.finish_reason or "stop"
-        if chat:
-            choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None,
-                                      "message": {"role": "assistant", "content": text}}
-        else:
-            choice = {"index": 0, "finish_reason": finish, "logprobs": None, "text": text}
-        return {
-            "id": rid, "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [choice],
-            "usage": _usage(last), "suffixd": _draft_stats(last, meta),
-        }
-
-    async def _sse(self, run: _Run, first: Chunk, rid: str, model: str, chat: bool,
-                   include_usage: bool, meta: dict[str, Any],
-                   messages: list[dict[str, Any]] | None) -> AsyncIterator[bytes]:
-        created = int(time.time())
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        ns, sid = meta["namespace"], meta["session"]
-
-        def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-            payload = {"id": rid, "object": obj, "created": created, "model": model,
-                       "choices": choices, **extra}
-            return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
-
-        def choice(text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
-            if chat:
-                delta: dict[str, Any] = {"content": text}
-                if first:
-                    delta["role"] = "assistant"
-                return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-            return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-
-        text = ""
-        chunk: Chunk | None = first
-        done = False
-        try:
-            if chat:
-                yield event([choice("", None, first=True)])
-            while chunk is not None:
-                text += chunk.text
-                final = chunk.finish_reason is not None
-                if chunk.text or final:
-                    extra: dict[str, Any] = {}
-                    if final:
-                        extra["suffixd"] = _draft_stats(chunk, meta)
-                    yield event([choice(chunk.text, chunk.finish_reason)], **extra)
-                if final:
-                    if include_usage:
-                        yield event([], usage=_usage(chunk))
-                    done = True
-                    break
-                try:
-                    chunk = await run.next()
-                except Exception as exc:  # after the headers: the error goes in the stream
-                    err = exc if isinstance(exc, ApiError) else _api_error(exc)
-                    yield b"data: " + json.dumps(err.body()).encode() + b"\n\n"
-                    break
-            yield b"data: [DONE]\n\n"
-        finally:
-            run.cancel()
-            if messages is not None:
-                self.finder.release(ns, sid, messages, text if done else None)
-
-
-def _usage(last: Chunk) -> dict[str, Any]:
-    st = last.stats
-    prompt = st.prompt_tokens if st else 0
-    completion = st.completion_tokens if st else 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": st.cached_prompt_tokens if st else 0}}
-
-
-def _draft_stats(last: Chunk, meta: dict[str, Any]) -> dict[str, Any]:
-    st = last.stats
-    out = dict(meta)
-    if st is not None:
-        out.update(
-            steps=st.steps, proposed=st.drafted_tokens, accepted=st.accepted_tokens,
-            by_source={k: {"proposed": v[0], "accepted": v[1]} for k, v in st.by_source.items()},
-            prompt_seconds=round(st.prompt_s, 6), first_token_seconds=round(st.first_token_s, 6),
-            decode_seconds=round(st.decode_s, 6),
-        )
-    return out
-
-
-def _api_error(exc: BaseException) -> ApiError:
-    if isinstance(exc, ApiError):
-        return exc
-    if isinstance(exc, ContextOverflowError):
-        return ApiError(400, str(exc), code="context_length_exceeded")
-    if isinstance(exc, EngineError):
-        return ApiError(_STATUS_BY_CODE.get(exc.code, 500), str(exc),
-                        kind="invalid_request_error" if exc.code != "INTERNAL" else
-                        "server_error")
-    if isinstance(exc, ChatTemplateError | ValueError):
-        return ApiError(400, str(exc))
-    log.exception("internal error in the HTTP front", exc_info=exc)
-    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
-
-
-class _Run:
-    """One generation on a worker thread, its chunks handed to the event loop. cancel()
-    stops it between two steps (the verifier's slot is released when it returns)."""
-
-    _END = object()
-
-    def __init__(self, front: OpenAIFront, req: GenerationRequest, prompt: list[int],
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self._front, self._req, self._prompt, self._loop = front, req, prompt, loop
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self.cancelled = threading.Event()
-
-    def start(self) -> None:
-        threading.Thread(target=self._work, name="suffixd-http-generate", daemon=True).start()
-
-    def _put(self, item: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is gone: the daemon is stopping
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-
-    def _work(self) -> None:
-        try:
-            it: Iterator[Chunk] = self._front.generation.run(
-                self._req, self.cancelled, prompt=self._prompt)
-            for chunk in it:
-                self._put(chunk)
-                if self.cancelled.is_set():
-                    break
-        except BaseException as exc:
-            self._put(exc)
-        finally:
-            self._put(self._END)
-
-    async def next(self) -> Chunk:
-        item = await self._queue.get()
-        if item is self._END:
-            raise ApiError(500, "generation ended without a final chunk", kind="server_error")
-        if isinstance(item, BaseException):
-            raise item
-        return item  # type: ignore[no-any-return]
-
-    def cancel(self) -> None:
-        self.cancelled.set()
 
 
 # ----------------------------------------------------------------------- the server

@@ -1,33 +1,27 @@
-"""gRPC server setup for `suffixd serve`.
+"""`suffixd serve`: build the gRPC server, run it, shut it down.
 
-* Listeners: a Unix socket (default ``<data dir>/suffixd.sock``, mode 0600) and/or TCP
+* ``run(cfg)``: checks what needs no model (daemon/startup.py), locks the data directory
+  and makes it owner-only (daemon/datadir.py), opens the Engine, joins the fleet, builds
+  the server, starts the HTTP front, writes ``<data dir>/daemon.json`` (the pid and the
+  bound addresses) once serving; on SIGTERM/SIGINT stops accepting, lets in-flight RPCs
+  finish (grace period), then closes the engine (counters flushed, LMDB closed cleanly).
+* ``build_server(engine, cfg)``: one LoopServer (daemon/loop_server.py: a ``grpc.aio``
+  server on an event loop of its own thread) with suffixd.v1.Suffixd, the standard health
+  service, server reflection and the extra services listed in EXTRA_SERVICES (one line
+  per daemon module), bound to the listeners: a Unix socket (default
+  ``<data dir>/suffixd.sock``, mode 0600, one daemon per socket path) and/or TCP
   (``HOST:PORT``), which requires a bearer token unless ``insecure`` is set explicitly;
   optional TLS on TCP.
-* Services: suffixd.v1.Suffixd, the standard health service, server reflection, plus the
-  extra services listed in EXTRA_SERVICES (one line per daemon module).
-* One ``grpc.aio`` server on an event loop of its own thread (LoopServer). The hot path
-  (SpeculateStream, Speculate) runs as coroutines on that loop: one thread does all of
-  its RPC work, with no hand-over to a worker thread per message. Every other handler is
-  an ordinary (sync) function that gRPC runs in the server's thread pool, so a slow one
-  (Generate runs the model for seconds, warm ingests a corpus) never blocks the loop.
-  Measured on the 2-core machine, 16 SpeculateStream clients: the sync server (one pool
-  thread per stream, a GIL hand-over per message) spent ~500 us of daemon CPU per step,
-  the loop ~200 us.
-* One daemon per data directory (an exclusive ``flock`` on ``<data dir>/suffixd.lock``).
-* Graceful shutdown on SIGTERM/SIGINT: stop accepting, let in-flight RPCs finish (grace
-  period), then close the engine (counters flushed, LMDB closed cleanly).
-* ``<data dir>/daemon.json`` announces the pid and the bound addresses once serving.
+* ``setup_logging``: the daemon's log lines (key=value, or JSON).
+
+The configuration (``ServeConfig``, ``ServeError``, listeners) is daemon/serve_config.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import errno
-import fcntl
 import gc
 import importlib
-import inspect
 import json
 import logging
 import os
@@ -35,19 +29,20 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine
-from concurrent import futures
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
-import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from .auth import BearerTokenInterceptor
-from .config import CacheConfig, Limits, default_socket_path
+from .config import default_socket_path
+from .datadir import DataDirLock, owner_only
+from .loop_server import LoopServer
+from .serve_config import Listener, ServeConfig, ServeError, parse_listen
+from .startup import check_draft_vocabulary, preflight, preload_generator
 
 log = logging.getLogger("suffixd.server")
 
@@ -64,114 +59,6 @@ EXTRA_SERVICES: list[str] = [
     "suffixd.daemon.generate_service:register",
 ]
 # ---------------------------------------------------------------------------------------
-
-
-class ServeError(Exception):
-    """A configuration or start-up problem, reported to the user as one clear line."""
-
-
-@dataclass
-class ServeConfig:
-    data_dir: Path
-    listen: list[str] = field(default_factory=list)  # empty: the default Unix socket
-    auth_token: str | None = None
-    insecure: bool = False
-    model: str | None = "default"
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    # Threads for the sync handlers (everything but the hot path, see LoopServer).
-    max_workers: int = 32
-    # Open SpeculateStream calls at once (they run on the event loop; see daemon/service.py).
-    max_streams: int = 64
-    grace_s: float = 10.0
-    limits: Limits = field(default_factory=Limits)
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    sync: bool = True
-    background_rebuild: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)  # options for extra services
-
-
-def check_draft_vocabulary(engine: Any, path: Path) -> None:
-    """Refuses a draft model whose vocabulary differs from the target's (its drafts
-    would be token ids of another tokenizer)."""
-    from .model import Tokenizer
-
-    target = getattr(engine, "tokenizer", None)
-    if target is None:
-        raise ServeError("--draft-model needs a target model (not --model none)")
-    try:
-        draft = Tokenizer(path)
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise ServeError(f"cannot load the draft model {path}: {exc}") from None
-    if draft.fingerprint != target.fingerprint:
-        raise ServeError(
-            f"the draft model {path} does not share the target's vocabulary "
-            f"({draft.vocab_size} tokens, fingerprint {draft.fingerprint} vs "
-            f"{target.vocab_size} tokens, {target.fingerprint})"
-        )
-
-
-class DataDirLock:
-    """Exclusive lock on a data directory, held for the daemon's lifetime."""
-
-    def __init__(self, data_dir: Path, path: Path | None = None) -> None:
-        self.path = path or data_dir / "suffixd.lock"
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                os.close(fd)
-                raise
-            try:
-                other = os.read(fd, 64).decode().strip() or "?"
-            finally:
-                os.close(fd)
-            raise ServeError(
-                f"another suffixd daemon (pid {other}) is already using the data directory "
-                f"{self.path.parent}; stop it or pass another --data-dir"
-                if self.path.name == "suffixd.lock" else
-                f"another suffixd daemon (pid {other}) is listening on "
-                f"{self.path.with_suffix('')}; stop it or listen elsewhere"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, 0)
-            os.close(self._fd)
-            self._fd = None
-
-
-@dataclass
-class Listener:
-    kind: str  # "unix" or "tcp"
-    address: str  # socket path, or host:port
-
-    @property
-    def target(self) -> str:
-        return f"unix:{self.address}" if self.kind == "unix" else self.address
-
-
-def parse_listen(spec: str) -> Listener:
-    s = spec.strip()
-    if s.startswith("unix://"):
-        return Listener("unix", s[len("unix://"):])
-    if s.startswith("unix:"):
-        return Listener("unix", s[len("unix:"):])
-    if s.startswith("tcp://"):
-        s = s[len("tcp://"):]
-    host, sep, port = s.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ServeError(f"--listen {spec!r}: expected unix:PATH or HOST:PORT")
-    return Listener("tcp", s)
 
 
 class JsonFormatter(logging.Formatter):
@@ -223,244 +110,6 @@ def _load_extra(spec: str) -> Callable[[grpc.Server, Any], list[str] | None] | N
         raise
     fn: Callable[[grpc.Server, Any], list[str] | None] = getattr(module, attr)
     return fn
-
-
-T = TypeVar("T")
-
-
-class _ThreadAbort(grpc.RpcError):
-    """Raised in a pool thread by _ThreadContext.abort; the loop side sends the status."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.status_code = code
-        self.status_details = details
-
-
-class _Gone(Exception):
-    """The RPC ended (cancelled, server stopping) while a pool thread still produced."""
-
-
-class _ThreadContext:
-    """The servicer context a sync streaming handler sees in a pool thread: the sync
-    server's verbs over the RPC's asyncio context (see _bridge_streaming)."""
-
-    def __init__(self, context: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self._context = context
-        self._loop = loop
-
-    def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise _ThreadAbort(code, details)
-
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        self._context.add_done_callback(lambda _ctx: callback())
-        return True
-
-    def is_active(self) -> bool:
-        return not self._context.done()
-
-    def __getattr__(self, name: str) -> Any:
-        # set_code, set_details, invocation_metadata, peer, time_remaining, ...
-        return getattr(self._context, name)
-
-
-def _wait_on_loop(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop,
-                  gone: threading.Event) -> T:
-    """From a pool thread: run ``coro`` on the loop and wait, unless the RPC ended."""
-    fut = asyncio.run_coroutine_threadsafe(coro, loop)
-    while True:
-        try:
-            return fut.result(0.5)
-        except futures.TimeoutError:
-            if gone.is_set():
-                fut.cancel()
-                raise _Gone() from None
-
-
-class _ThreadRequests:
-    """The request iterator of a request-streaming RPC, read from a pool thread."""
-
-    def __init__(self, requests: Any, loop: asyncio.AbstractEventLoop,
-                 gone: threading.Event) -> None:
-        self._it = requests.__aiter__()
-        self._loop = loop
-        self._gone = gone
-
-    def __iter__(self) -> _ThreadRequests:
-        return self
-
-    async def _next(self) -> Any:
-        return await self._it.__anext__()
-
-    def __next__(self) -> Any:
-        try:
-            return _wait_on_loop(self._next(), self._loop, self._gone)
-        except StopAsyncIteration:
-            raise StopIteration from None
-
-
-def _bridge_streaming(fn: Callable[..., Any], request_streaming: bool) -> Callable[..., Any]:
-    """A sync response-streaming handler (a generator function) as an async generator:
-    the generator runs in the server's pool, one reply at a time through a queue, and
-    its aborts become the RPC's status once the replies before them are sent. (grpc.aio's
-    own migration runs the generator ahead of the writes, and an abort racing a pending
-    write fails with GRPC_CALL_ERROR_TOO_MANY_OPERATIONS.)"""
-
-    async def handler(request: Any, context: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        gone = threading.Event()
-        replies: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(maxsize=1)
-
-        def produce() -> None:
-            arg = _ThreadRequests(request, loop, gone) if request_streaming else request
-            gen = fn(arg, _ThreadContext(context, loop))
-            try:
-                try:
-                    for item in gen:
-                        _wait_on_loop(replies.put((0, item)), loop, gone)
-                    out: tuple[int, Any] = (1, None)
-                except _Gone:
-                    return
-                except BaseException as exc:  # handed to the loop side, which raises it
-                    out = (2, exc)
-                _wait_on_loop(replies.put(out), loop, gone)
-            except _Gone:
-                pass
-            finally:
-                gen.close()
-
-        done = loop.run_in_executor(None, produce)
-        try:
-            while True:
-                kind, value = await replies.get()
-                if kind == 0:
-                    yield value
-                elif kind == 1:
-                    break
-                elif isinstance(value, _ThreadAbort):
-                    await context.abort(value.status_code, value.status_details)
-                else:
-                    raise value
-        finally:
-            gone.set()
-            while not replies.empty():  # unblock a producer waiting to put
-                replies.get_nowait()
-        await done
-
-    return handler
-
-
-def _bridged(handler: Any) -> Any:
-    """``handler`` with a sync response-streaming function bridged (see above)."""
-    if handler is None or not handler.response_streaming:
-        return handler
-    attr = "stream_stream" if handler.request_streaming else "unary_stream"
-    fn = getattr(handler, attr)
-    if inspect.isasyncgenfunction(fn) or inspect.iscoroutinefunction(fn):
-        return handler
-    return handler._replace(**{attr: _bridge_streaming(fn, handler.request_streaming)})
-
-
-class _BridgedGenericHandler(grpc.GenericRpcHandler):
-    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
-        self._inner = inner
-
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
-        return _bridged(self._inner.service(handler_call_details))
-
-
-class LoopServer:
-    """A ``grpc.aio`` server on an event loop running in a thread of its own, driven from
-    ordinary (sync) code with the sync server's verbs: ``start()``, ``stop(grace)`` (its
-    ``.wait()`` returns at once: stop waits itself), ``add_insecure_port`` and the
-    registration calls the generated ``add_*Servicer_to_server`` functions make.
-
-    Coroutine handlers run on the loop; sync handlers run in ``thread_pool`` (gRPC's
-    migration pool), which the async handlers also use for work that may block
-    (``run_in_executor``)."""
-
-    def __init__(self, max_workers: int, interceptors: list[Any], options: list[Any],
-                 maximum_concurrent_rpcs: int | None) -> None:
-        self.thread_pool = futures.ThreadPoolExecutor(max_workers=max_workers,
-                                                      thread_name_prefix="rpc")
-        # Locks on the Unix socket paths it listens on (released by whoever removes the
-        # sockets: run(), after the server stopped).
-        self.socket_locks: list[DataDirLock] = []
-        self.loop = asyncio.new_event_loop()
-        # run_in_executor(None, ...) on the loop (bridged handlers, the servicers' blocking
-        # steps) shares the pool of the sync handlers.
-        self.loop.set_default_executor(self.thread_pool)
-        self._thread = threading.Thread(target=self._run_loop, name="rpc-loop", daemon=True)
-        self._thread.start()
-        self._stopped = threading.Event()
-        self._started = False
-        self.health_servicer: Any = None
-
-        async def make() -> grpc.aio.Server:
-            return grpc.aio.server(
-                migration_thread_pool=self.thread_pool,
-                interceptors=interceptors,
-                options=options,
-                maximum_concurrent_rpcs=maximum_concurrent_rpcs,
-            )
-
-        self.server = self.call(make())
-
-    def _run_loop(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine on the server's loop and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def call_sync(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a function on the loop's thread (the aio server's methods belong there)."""
-
-        async def go() -> T:
-            return fn(*args)
-
-        return self.call(go())
-
-    # What the generated add_*Servicer_to_server functions call. Sync unary handlers run
-    # in the pool through grpc.aio's migration; sync streaming-reply ones are bridged.
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        self.call_sync(self.server.add_generic_rpc_handlers,
-                       tuple(_BridgedGenericHandler(h) for h in handlers))
-
-    def add_registered_method_handlers(self, service_name: str, handlers: Any) -> None:
-        self.call_sync(self.server.add_registered_method_handlers, service_name,
-                       {name: _bridged(h) for name, h in handlers.items()})
-
-    def add_insecure_port(self, address: str) -> int:
-        return int(self.call_sync(self.server.add_insecure_port, address))
-
-    def add_secure_port(self, address: str, credentials: grpc.ServerCredentials) -> int:
-        return int(self.call_sync(self.server.add_secure_port, address, credentials))
-
-    def start(self) -> None:
-        self.call(self.server.start())
-        self._started = True
-
-    def enter_graceful_shutdown(self) -> None:
-        """Health checks answer NOT_SERVING from now on."""
-        if self.health_servicer is not None and not self._stopped.is_set():
-            self.call(self.health_servicer.enter_graceful_shutdown())
-
-    def stop(self, grace: float | None) -> threading.Event:
-        """Stop accepting RPCs, let in-flight ones finish for up to ``grace`` seconds, then
-        cancel the rest; returns once stopped (the Event is set)."""
-        if not self._stopped.is_set():
-            try:
-                if self._started:
-                    self.call(self.server.stop(grace))
-            finally:
-                self.loop.call_soon_threadsafe(self.loop.stop)
-                self._thread.join()
-                self.thread_pool.shutdown(wait=False, cancel_futures=True)
-                self.loop.close()
-                self._stopped.set()
-        return self._stopped
 
 
 def build_server(engine: Any, cfg: ServeConfig) -> tuple[LoopServer, list[Listener]]:
@@ -583,20 +232,6 @@ def unix_socket_answers(path: Path) -> bool:
     return True
 
 
-def owner_only(data_dir: Path) -> None:
-    """The data dir and everything in it owner-only (0700 / 0600), whatever modes an
-    earlier run or an operator left: it holds the users' text and the store."""
-    with contextlib.suppress(OSError):
-        os.chmod(data_dir, 0o700)
-    for root, dirs, files in os.walk(data_dir):
-        for d in dirs:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(root, d), 0o700)
-        for f in files:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(root, f), 0o600)
-
-
 def freeze_startup_objects() -> None:
     """Move everything allocated so far (modules, the tokenizer's vocabulary, gRPC and
     protobuf machinery: ~50,000 objects) out of the cyclic garbage collector's reach.
@@ -614,7 +249,8 @@ def start_fleet(engine: Any, cfg: ServeConfig) -> None:
     """--fleet: replicate the global and corpus trees through Redis (daemon/fleet.py)."""
     import socket
 
-    from .fleet import Fleet, FleetConfig, FleetError
+    from .fleet import Fleet
+    from .fleet_config import FleetConfig, FleetError
 
     options = dict(cfg.extra.get("fleet_options") or {})
     try:
@@ -633,8 +269,6 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
 
     cfg.data_dir = Path(cfg.data_dir).expanduser()
     cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    from .startup import preflight, preload_generator
-
     preflight(cfg)  # seconds before the model loads and the trees rebuild
     owner_only(cfg.data_dir)
     if cfg.insecure:

@@ -1,6 +1,10 @@
 """What `suffixd serve` does around the server: checks that need no model (run before
-the model loads and the trees rebuild, so a typo fails in a second, in one line) and
-the verifier's background load once serving."""
+the model loads and the trees rebuild, so a typo fails in a second, in one line), the
+draft model's vocabulary check, and the verifier's background load once serving.
+
+Interface: ``preflight(cfg)``, ``check_data_dir_writable(data_dir)`` and
+``check_draft_vocabulary(engine, path)`` (each raises ``ServeError`` with one line);
+``disk_error_line(data_dir, exc)``; ``preload_generator(engine)``."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .server import ServeConfig, ServeError, parse_listen
+from .serve_config import ServeConfig, ServeError, parse_listen
 
 log = logging.getLogger("suffixd.server")
 
@@ -152,6 +156,26 @@ def _check_port_free(addr: str, option: str) -> None:
                                  "or another program); pick another port") from None
             raise ServeError(f"{option} {addr}: cannot listen there: "
                              f"{exc.strerror or exc}") from None
+
+
+def check_draft_vocabulary(engine: Any, path: Path) -> None:
+    """Refuses a draft model whose vocabulary differs from the target's (its drafts
+    would be token ids of another tokenizer)."""
+    from .model import Tokenizer
+
+    target = getattr(engine, "tokenizer", None)
+    if target is None:
+        raise ServeError("--draft-model needs a target model (not --model none)")
+    try:
+        draft = Tokenizer(path)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ServeError(f"cannot load the draft model {path}: {exc}") from None
+    if draft.fingerprint != target.fingerprint:
+        raise ServeError(
+            f"the draft model {path} does not share the target's vocabulary "
+            f"({draft.vocab_size} tokens, fingerprint {draft.fingerprint} vs "
+            f"{target.vocab_size} tokens, {target.fingerprint})"
+        )
 
 
 def preload_generator(engine: Any) -> threading.Thread | None:

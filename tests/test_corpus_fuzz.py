@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from suffixd.daemon.config import Limits
 from suffixd.daemon.engine import Engine
-from suffixd.daemon.server import ServeConfig, build_server
+from suffixd.daemon.serve_config import ServeConfig
+from suffixd.daemon.server import build_server
 from suffixd.v1 import corpus_pb2 as cpb
 from suffixd.v1 import corpus_pb2_grpc as cpb_grpc
 

@@ -1,0 +1,160 @@
+"""The OpenAI endpoint's answers: a generation handed from its worker thread to the
+event loop, and the chunks as a JSON body or as server-sent events.
+
+Interface: ``Run(generation, req, prompt, loop)`` (``start()`` the worker thread,
+``await next()`` the next chunk, ``cancel()`` between two steps); ``completion_body``
+(the JSON of an answer that is not streamed); ``sse_events`` (the event stream of one
+that is); ``usage`` and ``draft_stats`` (what every answer reports: OpenAI's ``usage``,
+and the ``suffixd`` object with the draft counts by source).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from .generation import Generation, GenerationRequest
+from .openai_request import ApiError, api_error
+from .verifier import Chunk
+
+
+class Run:
+    """One generation on a worker thread, its chunks handed to the event loop. cancel()
+    stops it between two steps (the verifier's slot is released when it returns)."""
+
+    _END = object()
+
+    def __init__(self, generation: Generation, req: GenerationRequest, prompt: list[int],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._generation, self._req, self._prompt, self._loop = generation, req, prompt, loop
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.cancelled = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._work, name="suffixd-http-generate", daemon=True).start()
+
+    def _put(self, item: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the daemon is stopping
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def _work(self) -> None:
+        try:
+            it: Iterator[Chunk] = self._generation.run(
+                self._req, self.cancelled, prompt=self._prompt)
+            for chunk in it:
+                self._put(chunk)
+                if self.cancelled.is_set():
+                    break
+        except BaseException as exc:
+            self._put(exc)
+        finally:
+            self._put(self._END)
+
+    async def next(self) -> Chunk:
+        item = await self._queue.get()
+        if item is self._END:
+            raise ApiError(500, "generation ended without a final chunk", kind="server_error")
+        if isinstance(item, BaseException):
+            raise item
+        return item  # type: ignore[no-any-return]
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+def completion_body(rid: str, model: str, chat: bool, text: str, last: Chunk,
+                    meta: dict[str, Any]) -> dict[str, Any]:
+    """The JSON body of an answer that is not streamed."""
+    finish = last.finish_reason or "stop"
+    if chat:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None,
+                                  "message": {"role": "assistant", "content": text}}
+    else:
+        choice = {"index": 0, "finish_reason": finish, "logprobs": None, "text": text}
+    return {
+        "id": rid, "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()), "model": model, "choices": [choice],
+        "usage": usage(last), "suffixd": draft_stats(last, meta),
+    }
+
+
+async def sse_events(run: Run, first: Chunk, rid: str, model: str, chat: bool,
+                     include_usage: bool, meta: dict[str, Any],
+                     release: Callable[[str | None], None] | None) -> AsyncIterator[bytes]:
+    """The server-sent events of a streamed answer, from its first chunk on, ending in
+    ``data: [DONE]``; an error after the headers goes in the stream as an error object.
+    At the end the run is cancelled and ``release`` (when given) gets the whole text,
+    or None when the answer did not finish."""
+    created = int(time.time())
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        payload = {"id": rid, "object": obj, "created": created, "model": model,
+                   "choices": choices, **extra}
+        return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+    def choice(text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
+        if chat:
+            delta: dict[str, Any] = {"content": text}
+            if first:
+                delta["role"] = "assistant"
+            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+
+    text = ""
+    chunk: Chunk | None = first
+    done = False
+    try:
+        if chat:
+            yield event([choice("", None, first=True)])
+        while chunk is not None:
+            text += chunk.text
+            final = chunk.finish_reason is not None
+            if chunk.text or final:
+                extra: dict[str, Any] = {}
+                if final:
+                    extra["suffixd"] = draft_stats(chunk, meta)
+                yield event([choice(chunk.text, chunk.finish_reason)], **extra)
+            if final:
+                if include_usage:
+                    yield event([], usage=usage(chunk))
+                done = True
+                break
+            try:
+                chunk = await run.next()
+            except Exception as exc:  # after the headers: the error goes in the stream
+                err = exc if isinstance(exc, ApiError) else api_error(exc)
+                yield b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+                break
+        yield b"data: [DONE]\n\n"
+    finally:
+        run.cancel()
+        if release is not None:
+            release(text if done else None)
+
+
+def usage(last: Chunk) -> dict[str, Any]:
+    st = last.stats
+    prompt = st.prompt_tokens if st else 0
+    completion = st.completion_tokens if st else 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": st.cached_prompt_tokens if st else 0}}
+
+
+def draft_stats(last: Chunk, meta: dict[str, Any]) -> dict[str, Any]:
+    st = last.stats
+    out = dict(meta)
+    if st is not None:
+        out.update(
+            steps=st.steps, proposed=st.drafted_tokens, accepted=st.accepted_tokens,
+            by_source={k: {"proposed": v[0], "accepted": v[1]} for k, v in st.by_source.items()},
+            prompt_seconds=round(st.prompt_s, 6), first_token_seconds=round(st.first_token_s, 6),
+            decode_seconds=round(st.decode_s, 6),
+        )
+    return out
