@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from suffixd.daemon.certify import certify_greedy
 from suffixd.daemon.draft_model import (
     AdaptiveDrafter,
     DraftModel,
@@ -15,7 +16,7 @@ from suffixd.daemon.draft_model import (
     measure,
 )
 from suffixd.daemon.model import embedded_model_path
-from suffixd.daemon.verifier import GenerateParams, Verifier, certify_greedy
+from suffixd.daemon.verifier import GenerateParams, Verifier
 
 
 @dataclass

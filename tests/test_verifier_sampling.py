@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from suffixd.daemon.chat import ChatRenderer
 from suffixd.daemon.model import embedded_model_path
-from suffixd.daemon.verifier import GenerateParams, Verifier, speculative_sample, target_probs
+from suffixd.daemon.sampling import speculative_sample, target_probs
+from suffixd.daemon.verifier import GenerateParams, Verifier
 
 # chi-square critical values at significance 0.001 (fixed seeds: no flakiness either way)
 CHI2_001 = {3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}

@@ -1,0 +1,211 @@
+"""What verifying a batch of k tokens costs on this machine, and the padding it implies.
+
+llama.cpp's CPU kernels work in blocks of rows, so some batch sizes cost less than
+smaller ones; a batch is then padded up to the cheaper size (the padding is evaluated
+but never accepted). The relative costs feed ``suffixcache.CostProfile`` so drafts
+stay within what pays.
+
+Interface:
+
+* ``plan_batch_shapes(seconds)``: from seconds per batch size, the padding plan and
+  the cost of every size after padding.
+* ``CostMeasurement``, a mixin of ``Verifier`` (the host calls ``_init_costs`` in its
+  constructor; what the measurement uses of it is spelt out by ``_Host``):
+
+  - ``measure_cost_profile(ks, reps)``: times batches on a scratch slot at start-up,
+    sets ``cost_seconds`` / ``raw_cost_seconds`` and the padding plan, and returns
+    the profile relative to one token;
+  - ``_observe_cost(n, seconds)``: one verification step of ``n`` tokens while serving
+    (called by the step loop, once per step);
+  - ``live_cost_profile(min_samples)``: the profile as serving measures it;
+  - ``_padding(n, limit)`` and ``batch_padding``: the padding plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+import numpy as np
+
+from .kv_slots import Slot
+
+log = logging.getLogger("suffixd.verifier")
+
+# A bigger batch shape is used in place of a smaller one only when it is at least this
+# much cheaper, so that measurement noise does not make every batch a padded one.
+PAD_MARGIN = 0.95
+# Weight of each new verification step in the serving cost averages (~30 steps' memory).
+LIVE_COST_ALPHA = 0.03
+# Rounds of the cost measurement while it still looks load-distorted (see
+# measure_cost_profile); one round of 33 sizes takes about 1.5 s here.
+MAX_PROFILE_ROUNDS = 8
+
+
+def _plausible(samples: dict[int, list[float]]) -> bool:
+    """Whether the fastest one-token time is at most every other size's fastest time."""
+    if 1 not in samples or not samples[1]:
+        return True
+    one = min(samples[1])
+    return all(min(v) >= one for k, v in samples.items() if v and k > 1)
+
+
+def plan_batch_shapes(seconds: dict[int, float]) -> tuple[dict[int, int], dict[int, float]]:
+    """From measured seconds per batch size: which sizes to pad to a cheaper, larger
+    measured size, and the cost of every size after padding (the lower envelope)."""
+    sizes = sorted(seconds)
+    pad_to: dict[int, int] = {}
+    effective: dict[int, float] = {}
+    for i, n in enumerate(sizes):
+        best = min(sizes[i:], key=lambda j: (seconds[j], j))
+        # One token (plain decoding) takes llama.cpp's vector path and is never padded:
+        # a larger batch measuring cheaper than it is load noise, not a kernel effect.
+        if n > 1 and best != n and seconds[best] < PAD_MARGIN * seconds[n]:
+            pad_to[n] = best
+            effective[n] = seconds[best]
+        else:
+            effective[n] = seconds[n]
+    return pad_to, effective
+
+
+class _Host(Protocol):
+    """What ``measure_cost_profile`` uses of its host (``Verifier``), its own state included."""
+
+    n_batch: int
+    n_ctx: int
+    vocab_size: int
+    cost_seconds: dict[int, float]
+    raw_cost_seconds: dict[int, float]
+    _pad_to: dict[int, int]
+
+    @property
+    def bos_token(self) -> int: ...
+    @property
+    def _turns(self) -> AbstractContextManager[None]: ...
+    def _decode(self, seq_id: int, tokens: Sequence[int], pos0: int, all_logits: bool) -> None: ...
+    def _logits_view(self, i: int) -> np.ndarray: ...
+    def _seq_rm(self, seq_id: int, p0: int) -> None: ...
+    def _acquire_slot(self, key: str) -> Slot: ...
+    def _release_slot(self, slot: Slot) -> None: ...
+    def _make_room(self, slot: Slot, needed: int) -> None: ...
+    def forget(self, session_key: str) -> None: ...
+
+
+class CostMeasurement:
+    """The verifier's batch costs: measured at start-up, averaged while serving."""
+
+    def _init_costs(self) -> None:
+        # Measured by measure_cost_profile: seconds per batch of k tokens as verified
+        # (after padding), the raw measurement, and the padding plan.
+        self.cost_seconds: dict[int, float] = {}
+        self.raw_cost_seconds: dict[int, float] = {}
+        self._pad_to: dict[int, int] = {}
+        # What verification steps cost while serving, by tokens verified (draft + 1):
+        # an exponential average of seconds and a sample count (see live_cost_profile).
+        self._live_s: dict[int, float] = {}
+        self._live_n: dict[int, int] = {}
+
+    @property
+    def batch_padding(self) -> dict[int, int]:
+        """Batch sizes that are padded up to a cheaper measured size (size -> padded)."""
+        return dict(self._pad_to)
+
+    def _padding(self, n: int, limit: int) -> int:
+        """How many tokens to add to a batch of ``n`` to reach a cheaper measured shape."""
+        target = self._pad_to.get(n, n)
+        return target - n if n < target <= limit else 0
+
+    def measure_cost_profile(
+        self: _Host, ks: Sequence[int] = tuple(range(1, 34)), reps: int = 5
+    ) -> dict[int, float]:
+        """Time one verification batch of k tokens (all logits) relative to k = 1.
+
+        Runs on a scratch slot at a realistic context length, sizes interleaved so
+        that a burst of machine load does not hit one size only; each size keeps its
+        fastest repetition. llama.cpp's CPU kernels work in blocks of rows, so some
+        batch sizes cost less than smaller ones (here 8 tokens cost less than 5); a
+        batch is then padded up to the cheaper size, and the returned profile is the
+        cost after padding. It feeds ``suffixcache.CostProfile`` so drafts stay within
+        what pays.
+        """
+        key = "\x00cost-profile"
+        ks = sorted({int(k) for k in ks if 1 <= int(k) <= self.n_batch})
+        slot = self._acquire_slot(key)
+        try:
+            # a realistic context: 512 tokens, or what a small context leaves room for
+            n_base = max(1, min(512, self.n_ctx - max(ks) - 1))
+            base = [self.bos_token] + [(7 * i + 100) % self.vocab_size for i in range(n_base - 1)]
+            self._make_room(slot, len(base) + max(ks))
+            with self._turns:
+                self._seq_rm(slot.seq_id, 0)
+                slot.tokens = []
+                self._decode(slot.seq_id, base, 0, all_logits=False)
+                slot.tokens = list(base)
+            samples: dict[int, list[float]] = {k: [] for k in ks}
+            rounds = 0
+            # One token is the cheapest batch there is. Under heavy load (more busy
+            # threads than cores) llama.cpp's threads wait for each other at every op,
+            # which inflates small batches most: one such measurement had one token
+            # dearer than eight. So while the fastest one-token time is not below every
+            # other size's, measure more rounds (up to a cap).
+            while rounds < reps or (rounds < MAX_PROFILE_ROUNDS and not _plausible(samples)):
+                rounds += 1
+                for k in ks:
+                    with self._turns:
+                        t0 = time.perf_counter()
+                        self._decode(slot.seq_id, base[1 : k + 1], len(base), all_logits=True)
+                        self._logits_view(k - 1)
+                        samples[k].append(time.perf_counter() - t0)
+                        self._seq_rm(slot.seq_id, len(base))
+        finally:
+            self._release_slot(slot)
+            self.forget(key)
+        # The fastest of the repetitions: other processes on the machine only ever add
+        # time, and a profile inflated by a burst of load makes the drafter too timid.
+        raw = {k: float(np.min(v)) for k, v in samples.items()}
+        if not _plausible(samples):
+            log.warning(
+                "verifier cost profile measured under heavy load (%d rounds, one token "
+                "not the cheapest batch); larger batches are taken to cost at least one token",
+                rounds,
+            )
+            floor = raw.get(1, min(raw.values()))
+            raw = {k: max(t, floor) for k, t in raw.items()}
+        self.raw_cost_seconds = {**self.raw_cost_seconds, **raw}
+        self._pad_to, self.cost_seconds = plan_batch_shapes(self.raw_cost_seconds)
+        one = self.cost_seconds[min(self.cost_seconds)]
+        return {k: round(self.cost_seconds[k] / one, 3) for k in ks}
+
+    def _observe_cost(self, n: int, seconds: float) -> None:
+        old = self._live_s.get(n)
+        self._live_s[n] = seconds if old is None else old + LIVE_COST_ALPHA * (seconds - old)
+        self._live_n[n] = self._live_n.get(n, 0) + 1
+
+    def live_cost_profile(self, min_samples: int = 16) -> dict[int, float] | None:
+        """The cost profile as serving measures it (relative to one token), for the sizes
+        verified at least ``min_samples`` times, the start-up measurement elsewhere; None
+        until plain steps (one token) have been seen that often.
+
+        The start-up profile is one moment of this machine: other processes, another
+        session's long prompt or a thermal limit change what a batch costs relative to
+        one token (under load, llama.cpp's threads wait for each other at every op, which
+        makes small batches dearer), and a drafter planning with a stale profile drafts
+        too much or too little."""
+        if self._live_n.get(1, 0) < min_samples or not self.cost_seconds:
+            return None
+        one = self._live_s[1]
+        measured = self.cost_seconds[min(self.cost_seconds)]
+        start = {k: v / measured for k, v in self.cost_seconds.items()}
+        live = {k: self._live_s[k] / one for k, n in self._live_n.items()
+                if n >= min_samples and k > 1}
+        # Sizes serving has not seen keep the start-up shape, moved by how much the
+        # sizes it has seen moved (so the profile stays one consistent curve).
+        moved = [live[k] / start[k] for k in live if k in start]
+        factor = float(np.exp(np.mean(np.log(moved)))) if moved else 1.0
+        out = {k: v * factor for k, v in start.items()}
+        out.update(live)
+        out[1] = 1.0
+        return {k: round(max(v, 1.0), 3) for k, v in sorted(out.items())}

@@ -1,0 +1,135 @@
+"""Per-session KV slots of the verifier's llama.cpp context.
+
+Each session owns one sequence id ("slot") of the context, a KV stream of its own
+(``kv_unified`` off) of ``n_ctx`` cells, and keeps it between turns so that a new
+prompt only pays for the tokens after its longest common prefix with what the slot
+holds. When every sequence id is taken, the least recently used idle slot gives
+its id up.
+
+Interface (``KvSlots``, a mixin of ``Verifier``; the host sets ``_llama_cpp``,
+``_mem``, ``n_ctx`` and ``n_swa`` and calls ``_init_slots`` in its constructor):
+
+* ``_acquire_slot(key)`` / ``_release_slot(slot)``: the session's ``Slot``, marked busy
+  (waits while it is busy elsewhere or no id is free); released, it becomes the most
+  recently used.
+* ``_make_room(slot, needed)``: raises ``ContextOverflowError`` if ``needed`` more
+  tokens do not fit the slot.
+* ``_reusable_prefix(slot, common)``: drops what the slot holds after the first
+  ``common`` tokens and returns how many it kept.
+* ``_seq_rm(seq_id, p0)``: removes positions ``p0..`` of a sequence (draft rollback).
+* ``forget(key)``, ``cached_tokens(key)``: a session's KV dropped, or what it holds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ContextOverflowError(ValueError):
+    """The prompt (plus what must be generated) does not fit the context window."""
+
+
+@dataclass
+class Slot:
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)  # exactly what the KV cache holds
+    last_used: float = 0.0
+    busy: bool = False
+
+
+class KvSlots:
+    """The slot table over the host's llama.cpp memory (see the module docstring)."""
+
+    # Set by the host (Verifier): the llama_cpp module, the context's memory handle, the
+    # cells per slot and the sliding window (0: none).
+    _llama_cpp: Any
+    _mem: Any
+    n_ctx: int
+    n_swa: int
+
+    def _init_slots(self, n_slots: int) -> None:
+        self._slots_lock = threading.Condition()
+        self._slots: dict[str, Slot] = {}
+        self._free_seq_ids = list(range(n_slots))
+        self.n_slots = n_slots
+
+    def _seq_rm(self, seq_id: int, p0: int) -> None:
+        if not self._llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, -1):
+            # A partial removal can fail (e.g. recurrent models): drop the whole sequence.
+            self._llama_cpp.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+            raise RuntimeError("KV cache rollback failed")
+
+    def _acquire_slot(self, key: str) -> Slot:
+        with self._slots_lock:
+            while True:
+                slot = self._slots.get(key)
+                if slot is not None:
+                    if not slot.busy:
+                        slot.busy = True
+                        return slot
+                elif self._free_seq_ids:
+                    slot = Slot(seq_id=self._free_seq_ids.pop(0), busy=True)
+                    self._slots[key] = slot
+                    return slot
+                else:
+                    idle = [(s.last_used, k) for k, s in self._slots.items() if not s.busy]
+                    if idle:
+                        _, victim = min(idle)
+                        old = self._slots.pop(victim)
+                        self._llama_cpp.llama_memory_seq_rm(self._mem, old.seq_id, -1, -1)
+                        slot = Slot(seq_id=old.seq_id, busy=True)
+                        self._slots[key] = slot
+                        return slot
+                self._slots_lock.wait()
+
+    def _release_slot(self, slot: Slot) -> None:
+        with self._slots_lock:
+            slot.busy = False
+            slot.last_used = time.monotonic()
+            self._slots_lock.notify_all()
+
+    def _make_room(self, slot: Slot, needed: int) -> None:
+        """Refuse what cannot fit the slot's context (each slot has its own KV stream of
+        ``n_ctx`` cells, so sessions never evict each other's tokens to make room)."""
+        if len(slot.tokens) + needed > self.n_ctx:
+            raise ContextOverflowError(
+                f"context window of {self.n_ctx} tokens per session exceeded "
+                f"({len(slot.tokens) + needed} needed)"
+            )
+
+    def _reusable_prefix(self, slot: Slot, common: int) -> int:
+        """How much of the slot's first ``common`` tokens can be kept after dropping the
+        rest: all of them, unless the sliding-window cache has already reused cells that
+        the next position needs (a prompt parting more than a window before the slot's
+        end); then none, and the prompt is evaluated again."""
+        if common and self.n_swa and slot.tokens:
+            # The window cache's oldest position, before dropping anything (it is -1 once
+            # the rollback empties the window cache).
+            oldest = int(self._llama_cpp.llama_memory_seq_pos_min(self._mem, slot.seq_id))
+            if oldest > max(0, common - self.n_swa):
+                self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+                slot.tokens = []
+                return 0
+        if common < len(slot.tokens):
+            self._seq_rm(slot.seq_id, common)
+            del slot.tokens[common:]
+        return common
+
+    def forget(self, session_key: str) -> None:
+        """Drop a session's KV cache (e.g. when the session is closed)."""
+        with self._slots_lock:
+            slot = self._slots.get(session_key)
+            if slot is None or slot.busy:
+                return
+            del self._slots[session_key]
+            self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+            self._free_seq_ids.append(slot.seq_id)
+            self._slots_lock.notify_all()
+
+    def cached_tokens(self, session_key: str) -> list[int]:
+        with self._slots_lock:
+            slot = self._slots.get(session_key)
+            return list(slot.tokens) if slot else []
