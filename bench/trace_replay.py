@@ -2,6 +2,7 @@
 after recording), under the verifier's measured cost profile.
 
     python bench/trace_replay.py record WORKLOAD.jsonl TRACES.jsonl [--turns N] [--max-tokens 64]
+                                        [--model smollm2|PATH]
     python bench/trace_replay.py replay TRACES.jsonl [--cost-profile JSON]
 
 `record` runs plain greedy decoding of the embedded model over a workload's turns (chat
@@ -31,7 +32,7 @@ def record(args: argparse.Namespace) -> None:
     from suffixd.daemon.verifier import GenerateParams, Verifier
 
     n_ctx = 12288
-    v = Verifier(resolve_model_path(None), n_ctx=n_ctx, n_slots=2)
+    v = Verifier(resolve_model_path(args.model), n_ctx=n_ctx, n_slots=2)
     profile = v.measure_cost_profile()
     renderer = ChatRenderer(v)
     current = None
@@ -134,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("traces")
     r.add_argument("--turns", type=int, default=500)
     r.add_argument("--max-tokens", type=int, default=64)
+    r.add_argument("--model", default=None,
+                   help="GGUF path or packaged name (smollm2); default the embedded gemma-3-270m")
     p = sub.add_parser("replay")
     p.add_argument("traces")
     p.add_argument("--cost-profile", default=None)

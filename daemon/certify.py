@@ -62,6 +62,7 @@ class TokenGap:
     pos0: int = -1
     batch: tuple[int, ...] = ()
     row: int = -1
+    outputs: int = -1  # rows of that batch that had logits (-1: all)
 
     def shortfall(self, token: int) -> float:
         """How far ``token``'s logit is below the best one (inf if not among the recorded)."""
@@ -110,7 +111,8 @@ class _Host(Protocol):
 
     @property
     def _turns(self) -> AbstractContextManager[None]: ...
-    def _decode(self, seq_id: int, tokens: Sequence[int], pos0: int, all_logits: bool) -> None: ...
+    def _decode(self, seq_id: int, tokens: Sequence[int], pos0: int, all_logits: bool,
+                outputs: int | None = None) -> None: ...
     def _logits(self, i: int) -> np.ndarray: ...
     def _logits_view(self, i: int) -> np.ndarray: ...
     def _seq_rm(self, seq_id: int, p0: int) -> None: ...
@@ -233,7 +235,8 @@ class Certification:
                     self._decode(seq_id, batch, pos0, all_logits=True)
                     self._seq_rm(seq_id, keep)
             with self._turns:
-                self._decode(seq_id, gap.batch, gap.pos0, all_logits=True)
+                self._decode(seq_id, gap.batch, gap.pos0, all_logits=True,
+                             outputs=gap.outputs if gap.outputs > 0 else None)
                 return int(np.argmax(self._logits_view(gap.row)))
 
     def schedule_flip(

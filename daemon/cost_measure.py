@@ -53,19 +53,34 @@ def _plausible(samples: dict[int, list[float]]) -> bool:
     return all(min(v) >= one for k, v in samples.items() if v and k > 1)
 
 
-def plan_batch_shapes(seconds: dict[int, float]) -> tuple[dict[int, int], dict[int, float]]:
-    """From measured seconds per batch size: which sizes to pad to a cheaper, larger
-    measured size, and the cost of every size after padding (the lower envelope)."""
+def pad_candidates(k: int, sizes: Sequence[int]) -> list[int]:
+    """The padded shapes measured for a batch of ``k`` rows: the next multiple of 4
+    (llama.cpp's CPU matrix kernels work in blocks of 4 and 8 rows)."""
+    j = -(-k // 4) * 4
+    return [j] if k > 1 and j != k and j in sizes else []
+
+
+def plan_batch_shapes(
+    seconds: dict[int, float], padded: dict[tuple[int, int], float] | None = None
+) -> tuple[dict[int, int], dict[int, float]]:
+    """From measured seconds per batch size (every row with logits) and, in ``padded``,
+    seconds of a batch of j tokens with logits for its first k rows (keyed (k, j)): which
+    sizes to pad to a cheaper, larger shape, and the cost of every size after padding.
+
+    A j-token batch asking logits for k of its rows costs at most its all-rows figure
+    (the output layer and the last layer's feed-forward skip the other rows)."""
+    padded = padded or {}
     sizes = sorted(seconds)
     pad_to: dict[int, int] = {}
     effective: dict[int, float] = {}
     for i, n in enumerate(sizes):
-        best = min(sizes[i:], key=lambda j: (seconds[j], j))
+        options = {j: min(seconds[j], padded.get((n, j), seconds[j])) for j in sizes[i:]}
+        best = min(options, key=lambda j: (options[j], j))
         # One token (plain decoding) takes llama.cpp's vector path and is never padded:
         # a larger batch measuring cheaper than it is load noise, not a kernel effect.
-        if n > 1 and best != n and seconds[best] < PAD_MARGIN * seconds[n]:
+        if n > 1 and best != n and options[best] < PAD_MARGIN * seconds[n]:
             pad_to[n] = best
-            effective[n] = seconds[best]
+            effective[n] = options[best]
         else:
             effective[n] = seconds[n]
     return pad_to, effective
@@ -79,13 +94,15 @@ class _Host(Protocol):
     vocab_size: int
     cost_seconds: dict[int, float]
     raw_cost_seconds: dict[int, float]
+    padded_cost_seconds: dict[tuple[int, int], float]
     _pad_to: dict[int, int]
 
     @property
     def bos_token(self) -> int: ...
     @property
     def _turns(self) -> AbstractContextManager[None]: ...
-    def _decode(self, seq_id: int, tokens: Sequence[int], pos0: int, all_logits: bool) -> None: ...
+    def _decode(self, seq_id: int, tokens: Sequence[int], pos0: int, all_logits: bool,
+                outputs: int | None = None) -> None: ...
     def _logits_view(self, i: int) -> np.ndarray: ...
     def _seq_rm(self, seq_id: int, p0: int) -> None: ...
     def _acquire_slot(self, key: str) -> Slot: ...
@@ -102,6 +119,8 @@ class CostMeasurement:
         # (after padding), the raw measurement, and the padding plan.
         self.cost_seconds: dict[int, float] = {}
         self.raw_cost_seconds: dict[int, float] = {}
+        # seconds of a j-token batch with logits for its first k rows, keyed (k, j)
+        self.padded_cost_seconds: dict[tuple[int, int], float] = {}
         self._pad_to: dict[int, int] = {}
         # What verification steps cost while serving, by tokens verified (draft + 1):
         # an exponential average of seconds and a sample count (see live_cost_profile).
@@ -121,7 +140,8 @@ class CostMeasurement:
     def measure_cost_profile(
         self: _Host, ks: Sequence[int] = tuple(range(1, 34)), reps: int = 5
     ) -> dict[int, float]:
-        """Time one verification batch of k tokens (all logits) relative to k = 1.
+        """Time one verification batch of k tokens (logits for every row) relative to k = 1,
+        and each k padded to the next multiple of 4 (logits for its k rows).
 
         Runs on a scratch slot at a realistic context length, sizes interleaved so
         that a burst of machine load does not hit one size only; each size keeps its
@@ -145,6 +165,10 @@ class CostMeasurement:
                 self._decode(slot.seq_id, base, 0, all_logits=False)
                 slot.tokens = list(base)
             samples: dict[int, list[float]] = {k: [] for k in ks}
+            # (k, j): j tokens, logits for the first k rows (a padded batch of k)
+            shapes = [(k, k) for k in ks] + [(k, j) for k in ks for j in pad_candidates(k, ks)]
+            shapes.sort(key=lambda s: (s[0], s[1]))
+            padded: dict[tuple[int, int], list[float]] = {s: [] for s in shapes if s[0] != s[1]}
             rounds = 0
             # One token is the cheapest batch there is. Under heavy load (more busy
             # threads than cores) llama.cpp's threads wait for each other at every op,
@@ -153,12 +177,14 @@ class CostMeasurement:
             # other size's, measure more rounds (up to a cap).
             while rounds < reps or (rounds < MAX_PROFILE_ROUNDS and not _plausible(samples)):
                 rounds += 1
-                for k in ks:
+                for k, j in shapes:
                     with self._turns:
                         t0 = time.perf_counter()
-                        self._decode(slot.seq_id, base[1 : k + 1], len(base), all_logits=True)
+                        self._decode(slot.seq_id, base[1 : j + 1], len(base), all_logits=True,
+                                     outputs=k)
                         self._logits_view(k - 1)
-                        samples[k].append(time.perf_counter() - t0)
+                        dt = time.perf_counter() - t0
+                        (samples[k] if k == j else padded[(k, j)]).append(dt)
                         self._seq_rm(slot.seq_id, len(base))
         finally:
             self._release_slot(slot)
@@ -175,7 +201,10 @@ class CostMeasurement:
             floor = raw.get(1, min(raw.values()))
             raw = {k: max(t, floor) for k, t in raw.items()}
         self.raw_cost_seconds = {**self.raw_cost_seconds, **raw}
-        self._pad_to, self.cost_seconds = plan_batch_shapes(self.raw_cost_seconds)
+        self.padded_cost_seconds = {
+            **self.padded_cost_seconds, **{s: float(np.min(v)) for s, v in padded.items()}}
+        self._pad_to, self.cost_seconds = plan_batch_shapes(
+            self.raw_cost_seconds, self.padded_cost_seconds)
         one = self.cost_seconds[min(self.cost_seconds)]
         return {k: round(self.cost_seconds[k] / one, 3) for k in ks}
 

@@ -287,17 +287,25 @@ class Verifier(KvSlots, CostMeasurement, Certification):
 
     # ---------------------------------------------------------------- low level
 
-    def _decode(self, seq_id: int, tokens: Sequence[int], pos0: int, all_logits: bool) -> None:
+    def _decode(self, seq_id: int, tokens: Sequence[int], pos0: int, all_logits: bool,
+                outputs: int | None = None) -> None:
+        """Evaluate ``tokens`` at ``pos0`` with logits for every row (``all_logits``) or the
+        last one, or, given ``outputs``, for the first ``outputs`` rows only: llama.cpp runs
+        the last layer past attention and the output layer (262k x 640 for gemma-3) only
+        for rows with logits, so padding that asks for none costs little."""
         b = self._batch.batch
         n = len(tokens)
         b.n_tokens = n
+        if outputs is None:
+            outputs = n if all_logits else 0
         for i, t in enumerate(tokens):
             b.token[i] = t
             b.pos[i] = pos0 + i
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = seq_id
-            b.logits[i] = all_logits
-        b.logits[n - 1] = True
+            b.logits[i] = i < outputs
+        if outputs <= 0:
+            b.logits[n - 1] = True
         rc = self._llama_cpp.llama_decode(self._ctx.ctx, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed ({rc}): KV cache full or bad batch")
@@ -411,7 +419,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
             gaps: list[TokenGap] = []
             with self._turns:
                 t_step = time.perf_counter()
-                self._decode(slot.seq_id, batch, n_past, all_logits=True)
+                self._decode(slot.seq_id, batch, n_past, all_logits=True, outputs=len(path) + 1)
                 self._observe_cost(len(path) + 1, time.perf_counter() - t_step)
                 # Rows are read in place and only up to the first rejection: copying
                 # 262k logits per drafted position costs more than the argmax.
@@ -428,6 +436,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                         for i in range(accepted + 1):
                             g = token_gap(rows[i], path[i] if i < accepted else nxt)
                             g.pos0, g.batch, g.row = n_past, shape, i
+                            g.outputs = len(path) + 1
                             gaps.append(g)
                         stats.record_s += time.perf_counter() - t_rec
                 else:

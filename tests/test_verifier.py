@@ -298,6 +298,19 @@ def test_plan_batch_shapes_pads_only_to_clearly_cheaper_sizes() -> None:
     assert plan_batch_shapes({1: 2.0, 2: 1.0, 4: 1.5}) == ({}, {1: 2.0, 2: 1.0, 4: 1.5})
 
 
+def test_plan_batch_shapes_counts_padding_without_logits() -> None:
+    """A padded batch asks logits for its real rows only: measured cheaper than the same
+    shape with every row's logits, it can make padding pay where the all-rows figure did
+    not, and the cost after padding is that cheaper figure."""
+    seconds = {1: 1.0, 2: 2.0, 3: 2.4, 4: 2.6}
+    assert plan_batch_shapes(seconds) == ({}, seconds)
+    pad_to, effective = plan_batch_shapes(seconds, {(3, 4): 2.1})
+    assert pad_to == {3: 4} and effective == {1: 1.0, 2: 2.0, 3: 2.1, 4: 2.6}
+    # a padded figure above the all-rows one is noise: the all-rows figure bounds it
+    assert plan_batch_shapes({1: 1.0, 3: 3.0, 4: 2.0}, {(3, 4): 2.5}) == (
+        {3: 4}, {1: 1.0, 3: 2.0, 4: 2.0})
+
+
 def test_a_profile_where_one_token_is_not_the_cheapest_is_implausible() -> None:
     assert _plausible({1: [1.2, 1.0], 2: [2.0, 1.9], 8: [3.0]})
     assert _plausible({1: [1.0], 2: [1.0]})  # a tie is possible
@@ -315,12 +328,14 @@ def test_padded_batches_stay_lossless_and_reproducible(verifier: Verifier, monke
     params = GenerateParams(max_tokens=20, record_gaps=True, ignore_eos=True)
     ref, ref_gaps, _ = run(verifier, "pad-plain", prompt, params)
     shapes: list[int] = []
+    asked: list[int] = []
     real_decode = verifier._decode
 
-    def spy(seq_id, tokens, pos0, all_logits):
+    def spy(seq_id, tokens, pos0, all_logits, outputs=None):
         if all_logits:
             shapes.append(len(tokens))
-        return real_decode(seq_id, tokens, pos0, all_logits)
+            asked.append(len(tokens) if outputs is None else outputs)
+        return real_decode(seq_id, tokens, pos0, all_logits, outputs)
 
     monkeypatch.setattr(verifier, "_decode", spy)
     monkeypatch.setattr(verifier, "_pad_to", {n: 8 for n in range(2, 8)})
@@ -333,6 +348,9 @@ def test_padded_batches_stay_lossless_and_reproducible(verifier: Verifier, monke
 
     out, gaps, last = run(verifier, "pad-spec", prompt, params, noisy)
     assert shapes and all(s in (1, 8) for s in shapes), shapes
+    # the padding asks for no logits: the rows verified are the draft and its bonus token
+    assert any(a < s for a, s in zip(asked, shapes, strict=True)), (asked, shapes)
+    assert all(1 <= a <= s for a, s in zip(asked, shapes, strict=True))
     assert last.stats.accepted_tokens <= last.stats.drafted_tokens
     verdict, where = certify_greedy(ref_gaps, gaps)
     assert verdict != "diverged", (where, ref_gaps[where], gaps[where])
