@@ -17,7 +17,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 from suffixd.client import Client, SuffixDraftModel
-from suffixd.daemon.model import embedded_model_path, extra_weight_buffers
+from suffixd.daemon.model import embedded_model_path, llama_defaults
 
 PROMPT = "red, green, blue, yellow. " * 6 + "red, green,"
 
@@ -47,9 +47,9 @@ def main() -> None:
     for name, kw in variants:
         client = Client(args.address)
         dm = Counted(client, namespace=f"bench-dm-{uuid.uuid4().hex[:6]}", max_tokens=16, **kw)
-        llm = llama_cpp.Llama(model_path=str(embedded_model_path()), n_ctx=512, verbose=False,
-                              seed=1, draft_model=dm,
-                              use_extra_bufts=extra_weight_buffers())
+        with llama_defaults():
+            llm = llama_cpp.Llama(model_path=str(embedded_model_path()), n_ctx=512,
+                                  verbose=False, seed=1, draft_model=dm)
         t0 = time.perf_counter()
         llm(PROMPT, max_tokens=args.max_tokens, temperature=0.0)
         dt = time.perf_counter() - t0

@@ -7,11 +7,13 @@ directory so that a fresh machine needs no download.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
 
@@ -92,6 +94,29 @@ def extra_weight_buffers() -> bool:
 
     info = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
     return "AMX_INT8 = 1" not in info
+
+
+@contextlib.contextmanager
+def llama_defaults() -> Iterator[None]:
+    """While open, ``llama_cpp.Llama`` loads models with ``use_extra_bufts`` as
+    :func:`extra_weight_buffers` says: it reads its model parameters from
+    ``llama_model_default_params()`` and has no argument of its own for that field (an
+    unknown keyword is silently ignored)."""
+    import llama_cpp.llama_cpp as low
+
+    original = low.llama_model_default_params
+    extra = extra_weight_buffers()
+
+    def defaults() -> Any:
+        params = original()
+        params.use_extra_bufts = extra
+        return params
+
+    low.llama_model_default_params = defaults
+    try:
+        yield
+    finally:
+        low.llama_model_default_params = original
 
 
 class Tokenizer:

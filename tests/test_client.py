@@ -127,18 +127,17 @@ def test_suffix_draft_model_feeds_and_drafts(shared_daemon: Client) -> None:
 def test_suffix_draft_model_inside_llama_cpp(shared_daemon: Client) -> None:
     """One line for a llama-cpp-python user: Llama(draft_model=SuffixDraftModel(...))."""
     import llama_cpp
-    from suffixd.daemon.model import embedded_model_path, extra_weight_buffers
+    from suffixd.daemon.model import embedded_model_path, llama_defaults
 
     path = str(embedded_model_path())
-    safe = extra_weight_buffers()
     prompt = "List three colors: red, green, blue. List three colors: red, green,"
-    plain = llama_cpp.Llama(model_path=path, n_ctx=256, verbose=False, seed=1,
-                            use_extra_bufts=safe)
+    with llama_defaults():
+        plain = llama_cpp.Llama(model_path=path, n_ctx=256, verbose=False, seed=1)
     want = plain("" + prompt, max_tokens=12, temperature=0.0)["choices"][0]["text"]
     del plain
     dm = SuffixDraftModel(shared_daemon, namespace="llama", max_tokens=8)
-    llm = llama_cpp.Llama(model_path=path, n_ctx=256, verbose=False, seed=1, draft_model=dm,
-                          use_extra_bufts=safe)
+    with llama_defaults():
+        llm = llama_cpp.Llama(model_path=path, n_ctx=256, verbose=False, seed=1, draft_model=dm)
     got = llm(prompt, max_tokens=12, temperature=0.0)["choices"][0]["text"]
     assert got.strip()
     # Same greedy text (up to llama.cpp's batched-vs-single near-ties, see issue 4): compare

@@ -159,11 +159,12 @@ def test_external_verifier_gets_drafts_on_an_exact_corpus_match(loaded: Any,
 
 def test_suffix_draft_model_in_llama_drafts_and_shows_in_stats(loaded: Any) -> None:
     import llama_cpp
-    from suffixd.daemon.model import embedded_model_path, extra_weight_buffers
+    from suffixd.daemon.model import embedded_model_path, llama_defaults
 
     dm = SuffixDraftModel(loaded, namespace="llama-dm", max_tokens=8)
-    llm = llama_cpp.Llama(model_path=str(embedded_model_path()), n_ctx=512, verbose=False,
-                          seed=1, draft_model=dm, use_extra_bufts=extra_weight_buffers())
+    with llama_defaults():
+        llm = llama_cpp.Llama(model_path=str(embedded_model_path()), n_ctx=512, verbose=False,
+                              seed=1, draft_model=dm)
     prompt = "red, green, blue, yellow. " * 6 + "red, green,"
     got = llm(prompt, max_tokens=24, temperature=0.0)["choices"][0]["text"]
     assert got.strip()

@@ -54,3 +54,17 @@ def test_extra_weight_buffers_follow_the_build_and_the_override(
     assert extra_weight_buffers() is True
     monkeypatch.setenv("SUFFIXD_LLAMA_EXTRA_BUFFERS", "off")
     assert extra_weight_buffers() is False
+
+
+def test_llama_defaults_reach_llama_cpp_llama(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama_cpp.Llama has no use_extra_bufts argument (unknown keywords are ignored):
+    llama_defaults sets it through the defaults Llama reads, and restores them."""
+    import llama_cpp.llama_cpp as low
+    from suffixd.daemon.model import llama_defaults
+
+    original = low.llama_model_default_params
+    for choice, want in (("off", False), ("on", True)):
+        monkeypatch.setenv("SUFFIXD_LLAMA_EXTRA_BUFFERS", choice)
+        with llama_defaults():
+            assert low.llama_model_default_params().use_extra_bufts is want
+        assert low.llama_model_default_params is original
