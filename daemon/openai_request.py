@@ -16,6 +16,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from suffixcache.store import DiskFullError, StoreClosedError
+
 from .chat import ChatTemplateError
 from .errors import EngineError
 from .generation import MAX_TOKENS_LIMIT, GenerationRequest
@@ -172,6 +174,12 @@ def api_error(exc: BaseException) -> ApiError:
         return exc
     if isinstance(exc, ContextOverflowError):
         return ApiError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, DiskFullError):
+        # as gRPC's RESOURCE_EXHAUSTED: writes resume once space is freed, and OpenAI
+        # clients retry a 429 with backoff
+        return ApiError(429, str(exc), code="disk_full", kind="server_error")
+    if isinstance(exc, StoreClosedError):
+        return ApiError(503, "the daemon is shutting down", kind="server_error")
     if isinstance(exc, EngineError):
         return ApiError(_STATUS_BY_CODE.get(exc.code, 500), str(exc),
                         kind="invalid_request_error" if exc.code != "INTERNAL" else

@@ -324,3 +324,17 @@ def test_finder_never_guesses_between_identical_first_turns() -> None:
     sid, found = f.claim("ns", [*m1, {"role": "assistant", "content": "rewritten"},
                                 {"role": "user", "content": "next"}])
     assert not found and sid not in (a, b)
+
+
+def test_store_failures_map_to_openai_shaped_errors() -> None:
+    """A full disk is a 429 the client can retry once space is freed (gRPC's
+    RESOURCE_EXHAUSTED), not a 500; a closing store is a 503."""
+    from suffixd.daemon.openai_request import api_error
+
+    from suffixcache.store import DiskFullError, StoreClosedError
+
+    full = api_error(DiskFullError("disk full: 12 KiB free under /data"))
+    assert full.status == 429 and full.code == "disk_full"
+    assert full.message.startswith("disk full")
+    closing = api_error(StoreClosedError("closed"))
+    assert closing.status == 503 and "shutting down" in closing.message
