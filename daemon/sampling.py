@@ -4,15 +4,24 @@ Interface:
 
 * ``target_probs(logits, temperature, top_k, top_p)``: the distribution the target
   samples from (temperature, then top-k, then top-p, as vLLM and Hugging Face order them).
-* ``speculative_sample(rows, draft, rng, dist)``: (accepted, next token) for a
-  deterministic draft, given the target's logit rows after each draft prefix and
-  ``dist`` mapping a row to its distribution (``target_probs`` with the request's
-  parameters). A draft token ``x`` is accepted with probability ``p(x)``; on rejection
-  the token is drawn from ``p`` with ``x`` removed and renormalised. This is speculative
-  sampling with a point-mass proposal, so every emitted token has exactly the target
-  distribution ``p``.
+* ``speculative_sample(rows, draft, dist, noise, start)``: (accepted, next token) for a
+  deterministic draft, given the target's logit rows after each draft prefix, ``dist``
+  mapping a row to its distribution (``target_probs`` with the request's parameters),
+  the request's ``SamplingNoise`` and the position (tokens generated so far) of row 0.
 
-Pure numpy: no model, no state besides the caller's ``rng``.
+Each emitted position samples by an exponential race: with ``E_v`` independent Exp(1)
+noise per token, the token with the largest ``p(v) / E_v`` wins, which is a draw from
+``p`` exactly. A draft token is accepted when it wins its position's race: with
+probability ``p(x)``, as in speculative sampling with a point-mass proposal (the best
+any rule can do for a deterministic draft), and every emitted token has exactly the
+distribution ``p``. The noise of a position depends only on the seed and the position,
+never on the drafts, so a seeded request gives the same text with a cold cache, a warm
+one or no drafter. And a race moves only when the two best ``p(v) / E_v`` are within
+the logits' rounding of each other, so the different numerics of llama.cpp's batch
+shapes (a drafted step evaluates several rows at once) rarely change a seeded text,
+where an inverse-CDF draw over 262k cumulated probabilities moves with every rounding.
+
+Pure numpy: no model, no state (the noise is a function of seed and position).
 """
 
 from __future__ import annotations
@@ -50,33 +59,47 @@ def target_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: floa
     return p
 
 
+class SamplingNoise:
+    """Race noise for one request: position ``i``'s noise depends only on (seed, i).
+
+    Without a seed, a fresh random one per request (``seed`` says which, for logs)."""
+
+    def __init__(self, seed: int | None, vocab_size: int) -> None:
+        self.seed = int(np.random.SeedSequence().entropy if seed is None else seed) % 2**64
+        self.vocab_size = vocab_size
+
+    def at(self, position: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, position])
+        e = rng.standard_exponential(self.vocab_size)
+        # A zero would make its token win outright; float64 draws are almost never 0
+        # (float32 ones would be, a few times per 262k), and tiny keeps them positive.
+        e += np.finfo(np.float64).tiny
+        return e
+
+
 def speculative_sample(
     rows: Sequence[np.ndarray] | np.ndarray,
     draft: Sequence[int],
-    rng: np.random.Generator,
     dist: Callable[[np.ndarray], np.ndarray],
+    noise: SamplingNoise,
+    start: int,
 ) -> tuple[int, int]:
     """Exact speculative sampling for a deterministic draft.
 
-    ``rows[i]`` are the target logits after ``draft[:i]``; returns (accepted,
-    next token). Draft token x at position i is kept with probability p_i(x);
-    the first rejected one is replaced by a draw from p_i without x,
-    renormalised; if every draft token is kept the bonus is a draw from p_k.
+    ``rows[i]`` are the target logits after ``draft[:i]``; returns (accepted, next
+    token). Row i's token is the winner of its race (``race(p_i, noise.at(start + i))``); draft
+    token x is kept when it wins (probability p_i(x)). The first row whose winner
+    differs emits that winner; if every draft token is kept, the bonus is row k's.
     """
     for i, x in enumerate(draft):
-        p = dist(rows[i])
-        px = float(p[x])
-        if rng.random() < px:
-            continue
-        p = p.copy()
-        p[x] = 0.0
-        return i, _draw(p, rng)
-    return len(draft), _draw(dist(rows[len(draft)]), rng)
+        tok = race(dist(rows[i]), noise.at(start + i))
+        if tok != x:
+            return i, tok
+    k = len(draft)
+    return k, race(dist(rows[k]), noise.at(start + k))
 
 
-def _draw(p: np.ndarray, rng: np.random.Generator) -> int:
-    """One draw from the (unnormalised) weights ``p``, over its support only."""
-    support = np.flatnonzero(p)
-    cdf = np.cumsum(p[support])
-    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-    return int(support[min(i, len(support) - 1)])
+def race(p: np.ndarray, noise: np.ndarray) -> int:
+    """The token with the largest ``p / noise``: a draw from the weights ``p`` (which
+    need not be normalised) when the noise is i.i.d. Exp(1); never a zero-weight token."""
+    return int(np.argmax(p / noise))

@@ -50,7 +50,7 @@ from .cost_measure import CostMeasurement
 from .kv_slots import ContextOverflowError as ContextOverflowError  # raised by generate
 from .kv_slots import KvSlots, Slot
 from .model import extra_weight_buffers
-from .sampling import speculative_sample, target_probs
+from .sampling import SamplingNoise, speculative_sample, target_probs
 
 
 class DraftLike(Protocol):
@@ -364,7 +364,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         stats = GenerationStats(prompt_tokens=len(prompt))
         t_start = time.perf_counter()
         greedy = params.temperature == 0.0
-        rng = np.random.default_rng(params.seed)
+        noise = None if greedy else SamplingNoise(params.seed, self.vocab_size)
 
         def dist(row: np.ndarray) -> np.ndarray:
             return target_probs(row, params.temperature, params.top_k, params.top_p)
@@ -440,7 +440,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                             gaps.append(g)
                         stats.record_s += time.perf_counter() - t_rec
                 else:
-                    accepted, nxt = speculative_sample(rows, path, rng, dist)
+                    assert noise is not None
+                    accepted, nxt = speculative_sample(rows, path, dist, noise, generated)
             # Keep the evaluated pending token and the accepted draft; drop the rest.
             keep = n_past + 1 + accepted
             if keep < n_past + len(batch):

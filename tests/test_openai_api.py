@@ -106,8 +106,8 @@ def test_sampling_is_seeded(http_daemon: Any) -> None:
     msgs = [{"role": "user", "content": "Write a SQL query about singers."}]
     kw: dict[str, Any] = dict(model="default", messages=msgs, max_tokens=12, temperature=0.9,
                               seed=7)
-    # Fresh namespaces, so both runs get the same drafts (a draft changes which random
-    # numbers are drawn, never the distribution).
+    # The second namespace's session starts cold and the daemon has learnt from the first
+    # run: the drafts differ, the text must not (one uniform per emitted token).
     a, b = (http_daemon.oai.chat.completions.create(**kw, extra_headers=ns_headers(ns))
             .choices[0].message.content for ns in ("seeded-a", "seeded-b"))
     assert a == b

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from suffixd.daemon.chat import ChatRenderer
 from suffixd.daemon.model import embedded_model_path
-from suffixd.daemon.sampling import speculative_sample, target_probs
+from suffixd.daemon.sampling import SamplingNoise, race, speculative_sample, target_probs
 from suffixd.daemon.verifier import GenerateParams, Verifier
 
 # chi-square critical values at significance 0.001 (fixed seeds: no flakiness either way)
@@ -69,11 +71,11 @@ def test_speculative_sampling_matches_target_distribution(
     order = support[np.argsort(-p[support])]
     n = 20_000
     for draft in ([int(order[1])], [int(order[0]), int(order[2])], [int(np.argmin(p))]):
-        rng = np.random.default_rng(7)
+        noise = SamplingNoise(7, len(rows[0]))
         counts = np.zeros(k)
         accepted_first = 0
-        for _ in range(n):
-            acc, nxt = speculative_sample(rows, draft, rng, dist)
+        for trial in range(n):
+            acc, nxt = speculative_sample(rows, draft, dist, noise, 4 * trial)
             first = draft[0] if acc >= 1 else nxt
             accepted_first += acc >= 1
             counts[int(np.flatnonzero(order == first)[0])] += 1
@@ -81,6 +83,47 @@ def test_speculative_sampling_matches_target_distribution(
         assert stat < CHI2_001[k - 1], (draft, counts, p[order] * n, stat)
         # acceptance happens at rate p(x): the draft token is accepted, not merely emitted
         assert abs(accepted_first / n - p[draft[0]]) < 0.02
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    weights=st.lists(
+        st.lists(st.sampled_from([0.0, 0.0, 0.01, 0.3, 1.0, 2.5]), min_size=5, max_size=5),
+        min_size=4, max_size=4,
+    ).filter(lambda rows: all(any(w > 0 for w in r) for r in rows)),
+    draft=st.lists(st.integers(0, 4), max_size=3),
+    seed=st.integers(0, 2**64 - 1),
+    start=st.integers(0, 1000),
+)
+def test_tokens_do_not_depend_on_the_draft(
+    weights: list[list[float]], draft: list[int], seed: int, start: int
+) -> None:
+    """Against a plain sampler that draws position after position with no draft: the same
+    seed emits the same tokens whatever the draft, and never a zero-weight token."""
+    rows = [np.array(r) for r in weights]
+    noise = SamplingNoise(seed, 5)
+
+    def dist(row: np.ndarray) -> np.ndarray:
+        return row / row.sum()
+
+    acc, nxt = speculative_sample(rows, draft, dist, noise, start)
+    emitted = [*draft[:acc], nxt]
+    plain = [race(dist(rows[i]), noise.at(start + i)) for i in range(len(emitted))]
+    assert emitted == plain
+    assert all(rows[i][t] > 0 for i, t in enumerate(emitted))
+    if acc < len(draft):
+        assert nxt != draft[acc]
+
+
+def test_race_follows_the_weights() -> None:
+    """The race is a draw from p: chi-square over 40,000 seeded positions."""
+    p = np.array([0.0, 0.5, 0.0, 0.3, 0.15, 0.05, 0.0])
+    noise = SamplingNoise(11, len(p))
+    n = 40_000
+    counts = np.bincount([race(p, noise.at(i)) for i in range(n)], minlength=len(p))
+    assert counts[p == 0].sum() == 0
+    assert chi_square(counts[p > 0], p[p > 0], n) < CHI2_001[3]
+    assert SamplingNoise(None, 3).seed != SamplingNoise(None, 3).seed  # unseeded: fresh
 
 
 def test_end_to_end_sampling_distribution(verifier: Verifier, prompt: list[int]) -> None:
@@ -114,7 +157,10 @@ def test_sampling_longer_runs_seeded_and_filtered(verifier: Verifier, prompt: li
     params = GenerateParams(max_tokens=12, temperature=0.8, top_p=0.9, top_k=40, seed=3)
     a = [t for c in verifier.generate("t", prompt, params, prop) for t in c.tokens]
     b = [t for c in verifier.generate("t", prompt, params, prop) for t in c.tokens]
-    assert a == b and len(a) == 12  # a seed reproduces a run (same drafts)
+    assert a == b and len(a) == 12  # a seed reproduces a run
+    # ... and the drafts do not matter: the same seed without any drafter
+    bare = [t for c in verifier.generate("t", prompt, params) for t in c.tokens]
+    assert bare == a
     # a near-zero temperature concentrates on the greedy choice
     cold = GenerateParams(max_tokens=12, temperature=1e-4, seed=1)
     c = [t for ch in verifier.generate("t", prompt, cold, prop) for t in ch.tokens]
