@@ -42,7 +42,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import daemon_bench as db  # noqa: E402
+from daemon_durability import ingest  # noqa: E402
+from daemon_harness import (  # noqa: E402
+    DATA,
+    load_responses,
+    load_turns,
+    start_daemon,
+    stop_daemon,
+)
+from daemon_rpc import proc_worker  # noqa: E402
 
 
 class Redis:
@@ -98,19 +106,19 @@ def _global_tokens(target: str, ns: str) -> int:
 def bench_lag(clients: int, seconds: float, procs: int) -> None:
     import multiprocessing as mp
 
-    turns = db.load_turns("spider_dev", 400)
+    turns = load_turns("spider_dev", 400)
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         r = Redis(Path(tmp))
-        pa, ta, _ = db.start_daemon(Path(tmp) / "a", "--fleet", r.url, "--node-id", "a")
-        pb, tb, _ = db.start_daemon(Path(tmp) / "b", "--fleet", r.url, "--node-id", "b")
+        pa, ta, _ = start_daemon(Path(tmp) / "a", "--fleet", r.url, "--node-id", "a")
+        pb, tb, _ = start_daemon(Path(tmp) / "b", "--fleet", r.url, "--node-id", "b")
         try:
             start_at = time.time() + 2.0
             per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
             firsts = [sum(per[:i]) for i in range(procs)]
             with mp.get_context("spawn").Pool(procs) as pool:
-                outs = pool.map(db._proc_worker, [(ta, turns, seconds, firsts[i], per[i],
-                                                   start_at, "unary") for i in range(procs)])
+                outs = pool.map(proc_worker, [(ta, turns, seconds, firsts[i], per[i],
+                                                start_at, "unary") for i in range(procs)])
             time.sleep(1.5)  # the last entries and a heartbeat
             sb = _fleet_status(tb)
             sa = _fleet_status(ta)
@@ -128,13 +136,13 @@ def bench_lag(clients: int, seconds: float, procs: int) -> None:
                 "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2),
             }))
         finally:
-            db.stop_daemon(pa)
-            db.stop_daemon(pb)
+            stop_daemon(pa)
+            stop_daemon(pb)
             r.stop()
 
 
 def bench_catchup(tokens: int, batch_tokens: int) -> None:
-    responses = db.load_responses(["swe_django", "spider_dev"])
+    responses = load_responses(["swe_django", "spider_dev"])
     seqs: list[list[int]] = []
     total = 0
     while total < tokens:
@@ -148,22 +156,22 @@ def bench_catchup(tokens: int, batch_tokens: int) -> None:
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         r = Redis(Path(tmp))
-        pa, ta, _ = db.start_daemon(Path(tmp) / "a", "--fleet", r.url, "--node-id", "a",
-                                    "--global-budget-tokens", budget)
+        pa, ta, _ = start_daemon(Path(tmp) / "a", "--fleet", r.url, "--node-id", "a",
+                                 "--global-budget-tokens", budget)
         try:
-            n, dt = db._ingest(ta, seqs, batch_tokens)
+            n, dt = ingest(ta, seqs, batch_tokens)
             want = _global_tokens(ta, "restart")
             while _fleet_status(ta).get("backlog", 1):
                 time.sleep(0.05)
             t0 = time.perf_counter()
-            pc, tc, started = db.start_daemon(Path(tmp) / "c", "--fleet", r.url,
-                                              "--node-id", "c", "--global-budget-tokens", budget)
+            pc, tc, started = start_daemon(Path(tmp) / "c", "--fleet", r.url,
+                                           "--node-id", "c", "--global-budget-tokens", budget)
             t1 = time.perf_counter()
             while _global_tokens(tc, "restart") < want:
                 time.sleep(0.02)
             t2 = time.perf_counter()
             got = _global_tokens(tc, "restart")
-            db.stop_daemon(pc)
+            stop_daemon(pc)
             print(json.dumps({
                 "bench": "fleet-catchup", "tokens": n, "sequences": len(seqs),
                 "single_node_warm_tok_s": round(n / dt), "warm_batch_tokens": batch_tokens,
@@ -174,7 +182,7 @@ def bench_catchup(tokens: int, batch_tokens: int) -> None:
                 "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2),
             }))
         finally:
-            db.stop_daemon(pa)
+            stop_daemon(pa)
             r.stop()
 
 
@@ -244,7 +252,7 @@ def bench_replay(workloads: list[str], nodes: int) -> None:
 
     profile = CostProfile.cpu_default()
     for w in workloads:
-        sessions = tokenized_workload(db.DATA / "workloads" / f"{w}.jsonl", None, None)
+        sessions = tokenized_workload(DATA / "workloads" / f"{w}.jsonl", None, None)
         row: dict[str, Any] = {"bench": "fleet-replay", "workload": w, "nodes": nodes}
         for mode in ("single", "fleet", "separate"):
             with tempfile.TemporaryDirectory() as tmp:
