@@ -332,16 +332,23 @@ def _run(
                     pass
             verdicts[m][verdict] += 1
             if verdict in ("diverged", "shape_flip") and len(diverged) < 10:
-                diverged.append(
-                    {
-                        "mode": m,
-                        "verdict": verdict,
-                        "session": session,
-                        "position": where,
-                        "plain": ref_g[where].top[:3] if where < len(ref_g) else None,
-                        m: cand_g[where].top[:3] if where < len(cand_g) else None,
-                    }
-                )
+                parting: dict[str, Any] = {
+                    "mode": m,
+                    "verdict": verdict,
+                    "session": session,
+                    "turn": len(latencies["plain"]) - 1,
+                    "prompt_tokens": len(prompt),
+                    "position": where,
+                    "plain": ref_g[where].top[:3] if where < len(ref_g) else None,
+                    m: cand_g[where].top[:3] if where < len(cand_g) else None,
+                }
+                if verdict == "diverged" and where is not None:
+                    # Which run a from-scratch evaluation of the same context agrees with.
+                    ctx = prompt + [g.token for g in ref_g[:where]]
+                    row = verifier.next_logits(ctx)
+                    best = np.argsort(-row)[:3]
+                    parting["fresh"] = [[int(t), float(row[t])] for t in best]
+                diverged.append(parting)
 
     n_turns = len(todo) - skipped
 
