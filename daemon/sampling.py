@@ -62,7 +62,7 @@ def target_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: floa
 class SamplingNoise:
     """Race noise for one request: position ``i``'s noise depends only on (seed, i).
 
-    Without a seed, a fresh random one per request (``seed`` says which, for logs)."""
+    Without a seed, a fresh random one per request."""
 
     def __init__(self, seed: int | None, vocab_size: int) -> None:
         self.seed = int(np.random.SeedSequence().entropy if seed is None else seed) % 2**64
@@ -71,8 +71,8 @@ class SamplingNoise:
     def at(self, position: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, position])
         e = rng.standard_exponential(self.vocab_size)
-        # A zero would make its token win outright; float64 draws are almost never 0
-        # (float32 ones would be, a few times per 262k), and tiny keeps them positive.
+        # A zero would make its token win outright (or tie at 0/0 with a zero-weight
+        # one); float64 draws are practically never 0, and tiny rules it out.
         e += np.finfo(np.float64).tiny
         return e
 
@@ -87,8 +87,8 @@ def speculative_sample(
     """Exact speculative sampling for a deterministic draft.
 
     ``rows[i]`` are the target logits after ``draft[:i]``; returns (accepted, next
-    token). Row i's token is the winner of its race (``race(p_i, noise.at(start + i))``); draft
-    token x is kept when it wins (probability p_i(x)). The first row whose winner
+    token). Row i's token is the winner of its race, ``race(p_i, noise.at(start + i))``;
+    draft token x is kept when it wins (probability p_i(x)). The first row whose winner
     differs emits that winner; if every draft token is kept, the bonus is row k's.
     """
     for i, x in enumerate(draft):
