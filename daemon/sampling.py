@@ -10,16 +10,17 @@ Interface:
   the request's ``SamplingNoise`` and the position (tokens generated so far) of row 0.
 
 Each emitted position samples by an exponential race: with ``E_v`` independent Exp(1)
-noise per token, the token with the largest ``p(v) / E_v`` wins, which is a draw from
-``p`` exactly. A draft token is accepted when it wins its position's race: with
-probability ``p(x)``, as in speculative sampling with a point-mass proposal (the best
-any rule can do for a deterministic draft), and every emitted token has exactly the
-distribution ``p``. The noise of a position depends only on the seed and the position,
-never on the drafts, so a seeded request gives the same text with a cold cache, a warm
-one or no drafter. And a race moves only when the two best ``p(v) / E_v`` are within
-the logits' rounding of each other, so the different numerics of llama.cpp's batch
-shapes (a drafted step evaluates several rows at once) rarely change a seeded text,
-where an inverse-CDF draw over 262k cumulated probabilities moves with every rounding.
+noise per token (from a uniform ``u_v`` as ``-log(1 - u_v)``), the token with the
+largest ``p(v) / E_v`` wins, which is a draw from ``p`` exactly. A draft token is
+accepted when it wins its position's race: with probability ``p(x)``, as in speculative
+sampling with a point-mass proposal (the best any rule can do for a deterministic
+draft), and every emitted token has exactly the distribution ``p``. The noise of a
+position depends only on the seed and the position, never on the drafts, so a seeded
+request gives the same text with a cold cache, a warm one or no drafter. And a race
+moves only when the two best ``p(v) / E_v`` are within the logits' rounding of each
+other, so the different numerics of llama.cpp's batch shapes (a drafted step evaluates
+several rows at once) rarely change a seeded text, where an inverse-CDF draw over 262k
+cumulated probabilities moves with every rounding.
 
 Pure numpy: no model, no state (the noise is a function of seed and position).
 """
@@ -69,12 +70,9 @@ class SamplingNoise:
         self.vocab_size = vocab_size
 
     def at(self, position: int) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, position])
-        e = rng.standard_exponential(self.vocab_size)
-        # A zero would make its token win outright (or tie at 0/0 with a zero-weight
-        # one); float64 draws are practically never 0, and tiny rules it out.
-        e += np.finfo(np.float64).tiny
-        return e
+        """Position ``position``'s noise: one uniform in [0, 1) per token (its race time
+        is ``-log(1 - u)``, which ``race`` computes only where it can matter)."""
+        return np.random.default_rng([self.seed, position]).random(self.vocab_size)
 
 
 def speculative_sample(
@@ -99,7 +97,25 @@ def speculative_sample(
     return k, race(dist(rows[k]), noise.at(start + k))
 
 
-def race(p: np.ndarray, noise: np.ndarray) -> int:
-    """The token with the largest ``p / noise``: a draw from the weights ``p`` (which
-    need not be normalised) when the noise is i.i.d. Exp(1); never a zero-weight token."""
-    return int(np.argmax(p / noise))
+def race(p: np.ndarray, u: np.ndarray) -> int:
+    """The token with the largest ``p / E`` where ``E = -log(1 - u)``: a draw from the
+    weights ``p`` (which need not be normalised) when ``u`` is i.i.d. uniform; never a
+    zero-weight token.
+
+    Only tokens that can beat the likeliest one are timed: a winner ``v`` has
+    ``E_v <= p_v * E_a / p_a`` for the likeliest ``a``, and ``u_v <= E_v``, so
+    ``u_v < p_v * E_a / p_a`` (with a slack for rounding) keeps every possible winner: a
+    multiply and a compare over the vocabulary instead of a logarithm and a division.
+    ``u`` as numpy's ``random()`` draws it: multiples of 2**-53.
+    """
+    a = int(np.argmax(p))
+    e_a = -np.log1p(-u[a])
+    if e_a <= 0.0:  # u_a == 0: time zero, nobody beats it
+        return a
+    # the slack covers rounding (for a tiny u, -log1p(-u) rounds to u itself)
+    cand = np.flatnonzero(u < p * (e_a / p[a] * (1 + 1e-9)))  # strict: never p = 0
+    if not len(cand):  # only underflow can leave out a itself
+        return a
+    with np.errstate(divide="ignore"):  # a candidate with u == 0 wins outright (inf)
+        score = p[cand] / -np.log1p(-u[cand])
+    return int(cand[np.argmax(score)])

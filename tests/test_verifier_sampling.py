@@ -115,6 +115,26 @@ def test_tokens_do_not_depend_on_the_draft(
         assert nxt != draft[acc]
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    p=st.lists(st.sampled_from([0.0, 1e-9, 0.01, 0.2, 1.0]), min_size=1, max_size=12).filter(
+        lambda w: any(x > 0 for x in w)
+    ),
+    # as numpy draws them: k / 2**53, zero and the smallest step included
+    u=st.lists(
+        st.one_of(st.integers(0, 2), st.integers(0, 2**53 - 1)).map(lambda k: k / 2**53),
+        min_size=12, max_size=12,
+    ),
+)
+def test_race_equals_the_brute_force_race(p: list[float], u: list[float]) -> None:
+    """The screened race picks what timing every token would pick."""
+    pa, ua = np.array(p), np.array(u[: len(p)])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = np.where(pa > 0, pa / -np.log1p(-ua), -1.0)
+    best = np.flatnonzero(score == score.max())
+    assert race(pa, ua) in best
+
+
 def test_race_follows_the_weights() -> None:
     """The race is a draw from p: chi-square over 40,000 seeded positions."""
     p = np.array([0.0, 0.5, 0.0, 0.3, 0.15, 0.05, 0.0])
