@@ -233,6 +233,13 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         # next position, which a rollback never moves back past. Reusing a cached prompt
         # from further back than the window is not, so _reusable_prefix checks it.
         cparams.swa_full = False
+        # No flash attention: llama.cpp's CPU kernel for batches of under 64 rows (0.3.36)
+        # can leave a wrong K/V row in the cache (a 32-token batch ending at position 4194
+        # of a spider_dev session made a later step's logits 20.7 where every other
+        # batching of the same tokens gives 12.4), so a drafted turn parted from plain
+        # decoding. Without it a row's logits do not depend on how earlier positions were
+        # batched (tests/test_verifier_batch_invariance.py), at a similar speed on CPU.
+        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=verbose)
         self._mem = self._ctx.memory
         self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx))
