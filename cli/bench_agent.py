@@ -36,14 +36,16 @@ from .bench_generate import MODES, _run, load_session_turns
               help="Also run llama-server (plain and its n-gram speculation) side by side.")
 @click.option("--spec-types", default=None, metavar="T1,T2",
               help="llama-server speculative types [default: every ngram-* type].")
+@click.option("--ls-flash-attn", "ls_flash_attn", default="auto", show_default=True,
+              type=click.Choice(["auto", "off", "both"]),
+              help="llama-server's -fa: its default (auto), off, or both side by side.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | None, n_ctx: int,
                 threads: int, modes: str, llama_server: str | None, spec_types: str | None,
-                as_json: bool) -> None:
+                ls_flash_attn: str, as_json: bool) -> None:
     """Replay WORKLOAD's sessions whole, turn by turn, as an agent sends them."""
     from ..daemon.model import resolve_model_path
-    from .llama_server import LlamaServer
-    from .llama_server import spec_types as offered_spec_types
+    from .llama_server import start_servers
 
     wanted = [m.strip() for m in modes.split(",") if m.strip()]
     if not wanted or any(m not in MODES for m in wanted) or "plain" not in wanted:
@@ -59,13 +61,8 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
     servers: dict[str, Any] = {}
     try:
         if llama_server:
-            types = ([t.strip() for t in spec_types.split(",") if t.strip()] if spec_types
-                     else offered_spec_types(llama_server))
-            for t in [None, *types]:
-                servers["ls-" + (t or "plain")] = LlamaServer(
-                    llama_server, model_path, threads=threads, n_ctx=n_ctx, spec_type=t)
-            for srv in servers.values():
-                srv.wait_ready()
+            servers = start_servers(llama_server, model_path, threads=threads, n_ctx=n_ctx,
+                                    spec_types_wanted=spec_types, flash_attn=ls_flash_attn)
         out = _run(workload, todo, max_tokens, model_path, n_ctx, threads, wanted, servers,
                    as_json)
     finally:

@@ -121,6 +121,9 @@ def replays_both(
               help="llama-server speculative types to run [default: every ngram-* type].")
 @click.option("--load", "load", default=0, show_default=True,
               help="Busy processes to run beside the benchmark (a loaded machine).")
+@click.option("--ls-flash-attn", "ls_flash_attn", default="auto", show_default=True,
+              type=click.Choice(["auto", "off", "both"]),
+              help="llama-server's -fa: its default (auto), off, or both side by side.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def generate_bench(
     workload: Path,
@@ -133,6 +136,7 @@ def generate_bench(
     llama_server: str | None,
     spec_types: str | None,
     load: int,
+    ls_flash_attn: str,
     as_json: bool,
 ) -> None:
     """Replay WORKLOAD's prompts through the real model: plain, suffixd and prompt lookup."""
@@ -143,19 +147,13 @@ def generate_bench(
         raise click.BadParameter(
             f"--modes: a subset of {MODES} including plain", param_hint="--modes"
         )
-    from .llama_server import BusyLoad, LlamaServer
-    from .llama_server import spec_types as offered_spec_types
+    from .llama_server import BusyLoad, LlamaServer, start_servers
 
     model_path = resolve_model_path(model)
     servers: dict[str, LlamaServer] = {}
     if llama_server:
-        types = ([t.strip() for t in spec_types.split(",") if t.strip()] if spec_types
-                 else offered_spec_types(llama_server))
-        for t in [None, *types]:
-            servers["ls-" + (t or "plain")] = LlamaServer(
-                llama_server, model_path, threads=threads, n_ctx=n_ctx, spec_type=t)
-        for srv in servers.values():
-            srv.wait_ready()
+        servers = start_servers(llama_server, model_path, threads=threads, n_ctx=n_ctx,
+                                spec_types_wanted=spec_types, flash_attn=ls_flash_attn)
     busy = BusyLoad(load) if load else None
     try:
         todo = _load_turns(workload, turns)
@@ -388,8 +386,9 @@ def _run(
             out[f"{m}_turn_latency_s"] = round(a["total_s"] / max(n_turns, 1), 4)
             out[f"{m}_tokens"] = int(a["tokens"])
             if m != "ls-plain":
-                out[f"{m}_accept_rate"] = round(a["accepted"] / max(a["drafted"], 1), 3)
                 out[f"{m}_same_output_as_ls_plain"] = ls_agree[m]
+            if not m.startswith("ls-plain"):
+                out[f"{m}_accept_rate"] = round(a["accepted"] / max(a["drafted"], 1), 3)
             continue
         out[f"{m}_tok_s"] = round(rate(m), 2)
         out[f"{m}_prompt_s"] = round(a["prompt_s"], 3)
@@ -412,6 +411,9 @@ def _run(
         best = max(servers, key=rate)
         out["llama_server_best"] = best
         out["suffixd_plain_vs_ls_plain"] = round(rate("plain") / max(rate("ls-plain"), 1e-9), 3)
+        if "ls-plain-fa-off" in servers:
+            out["suffixd_plain_vs_ls_plain_fa_off"] = round(
+                rate("plain") / max(rate("ls-plain-fa-off"), 1e-9), 3)
         if "suffixd" in wanted:
             out["suffixd_vs_ls_best"] = round(rate("suffixd") / max(rate(best), 1e-9), 3)
             out["suffixd_turn_latency_vs_ls_best"] = round(
@@ -446,7 +448,7 @@ def _print(out: dict[str, Any], wanted: list[str], servers: list[str]) -> None:
             f"{out[f'{m}_turn_p95_s']:>7.3f}"
         )
     for k in ("speedup_vs_plain", "speedup_vs_pld", "pld_speedup_vs_plain",
-              "suffixd_plain_vs_ls_plain", "suffixd_vs_ls_best",
+              "suffixd_plain_vs_ls_plain", "suffixd_plain_vs_ls_plain_fa_off", "suffixd_vs_ls_best",
               "suffixd_turn_latency_vs_ls_best"):
         if k in out:
             click.echo(f"{k}: {out[k]:.3f}")

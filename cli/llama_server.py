@@ -30,6 +30,38 @@ def spec_types(binary: str | Path) -> list[str]:
     return [t for t in m.group(1).split(",") if t.startswith("ngram")]
 
 
+FLASH_ATTN_CHOICES = ("auto", "off", "both")
+
+
+def start_servers(binary: str | Path, model: str | Path, *, threads: int, n_ctx: int,
+                  spec_types_wanted: str | None, flash_attn: str) -> dict[str, LlamaServer]:
+    """llama-server plain and with each n-gram type (``spec_types_wanted``: "T1,T2", or None
+    for every type it offers), ready, keyed by the name the benches report ("ls-plain",
+    "ls-ngram-mod"). ``flash_attn`` "both" runs each twice, its default (auto: on for the
+    CPU) and off ("ls-plain-fa-off"): suffixd's verifier runs without flash attention, and
+    on some models llama-server decodes faster without it too, so its best configuration
+    is taken over both."""
+    if spec_types_wanted:
+        types = [t.strip() for t in spec_types_wanted.split(",") if t.strip()]
+    else:
+        types = spec_types(binary)
+    settings = ["auto", "off"] if flash_attn == "both" else [flash_attn]
+    servers: dict[str, LlamaServer] = {}
+    try:
+        for fa in settings:
+            for t in [None, *types]:
+                name = "ls-" + (t or "plain") + ("-fa-off" if fa == "off" else "")
+                servers[name] = LlamaServer(binary, model, threads=threads, n_ctx=n_ctx,
+                                            spec_type=t, flash_attn=fa)
+        for srv in servers.values():
+            srv.wait_ready()
+    except BaseException:
+        for srv in servers.values():
+            srv.close()
+        raise
+    return servers
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -52,12 +84,14 @@ class LlamaServer:
     """One llama-server process (one slot, greedy requests, prompt cache on)."""
 
     def __init__(self, binary: str | Path, model: str | Path, *, threads: int, n_ctx: int,
-                 spec_type: str | None = None, log_path: Path | None = None) -> None:
-        """``n_ctx`` 0: the model's trained context."""
+                 spec_type: str | None = None, flash_attn: str = "auto",
+                 log_path: Path | None = None) -> None:
+        """``n_ctx`` 0: the model's trained context; ``flash_attn``: its ``-fa`` setting."""
         self.port = _free_port()
         self.spec_type = spec_type or "none"
         args = [str(binary), "-m", str(model), "-t", str(threads), "-tb", str(threads),
-                "-c", str(n_ctx), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port)]
+                "-c", str(n_ctx), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port),
+                "-fa", flash_attn]
         if spec_type:
             args += ["--spec-type", spec_type]
         if not extra_weight_buffers():
