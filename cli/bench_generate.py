@@ -311,7 +311,10 @@ def _run(
             session_wall[m][session] = session_wall[m].get(session, 0.0) + t.wall_s
             ls_tokens[m] = t.tokens
         for m in ls_agree:
-            ls_agree[m] += int(ls_tokens[m] == ls_tokens.get("ls-plain"))
+            # a mode against the plain decoding of its own flash-attention setting
+            fa_off = m.endswith("-fa-off") and m != "ls-plain-fa-off"
+            own = "ls-plain-fa-off" if fa_off else "ls-plain"
+            ls_agree[m] += int(ls_tokens[m] == ls_tokens.get(own))
         for m in verdicts:
             verdict, where = certify_greedy(results["plain"][1], results[m][1])
             ref_g, cand_g = results["plain"][1], results[m][1]
