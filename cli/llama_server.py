@@ -30,9 +30,6 @@ def spec_types(binary: str | Path) -> list[str]:
     return [t for t in m.group(1).split(",") if t.startswith("ngram")]
 
 
-FLASH_ATTN_CHOICES = ("auto", "off", "both")
-
-
 def start_servers(binary: str | Path, model: str | Path, *, threads: int, n_ctx: int,
                   spec_types_wanted: str | None, flash_attn: str) -> dict[str, LlamaServer]:
     """llama-server plain and with each n-gram type (``spec_types_wanted``: "T1,T2", or None
