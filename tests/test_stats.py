@@ -170,8 +170,9 @@ def test_stats_watch_refreshes_until_interrupted(shared_daemon: Any) -> None:
     while len(lines) < 3 and time.monotonic() < deadline:
         lines.append(json.loads(proc.stdout.readline()))
     proc.send_signal(signal.SIGINT)
-    # generous: one CI run on a busy 2-core machine (the daemon's verifier beside it) took
-    # more than 10 s to exit; 25 interrupts at random moments on a quiet one all exit at once
-    assert proc.wait(30) == 0
+    # Keep reading while it exits: the shared daemon holds every earlier test's namespaces,
+    # so the reports are large, and a pipe nobody drains would block its final flush.
+    proc.communicate(timeout=30)
+    assert proc.returncode == 0
     assert len(lines) == 3 and all("namespaces" in x for x in lines)
     assert lines[0]["time"] < lines[1]["time"] < lines[2]["time"]
