@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from .bench_generate import MODES, _run, load_session_turns
+from .llama_server import llama_server_options
 
 
 @click.command("agent")
@@ -32,13 +33,7 @@ from .bench_generate import MODES, _run, load_session_turns
 @click.option("--n-ctx", default=0, help="Context per session [the model's trained length].")
 @click.option("--threads", default=2, show_default=True)
 @click.option("--modes", default="plain,suffixd", show_default=True)
-@click.option("--llama-server", "llama_server", default=None, metavar="PATH",
-              help="Also run llama-server (plain and its n-gram speculation) side by side.")
-@click.option("--spec-types", default=None, metavar="T1,T2",
-              help="llama-server speculative types [default: every ngram-* type].")
-@click.option("--ls-flash-attn", "ls_flash_attn", default="auto", show_default=True,
-              type=click.Choice(["auto", "off", "both"]),
-              help="llama-server's -fa: its default (auto), off, or both side by side.")
+@llama_server_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | None, n_ctx: int,
                 threads: int, modes: str, llama_server: str | None, spec_types: str | None,

@@ -37,6 +37,8 @@ from typing import Any
 
 import click
 
+from .llama_server import llama_server_options, plain_of
+
 MODES = ("plain", "suffixd", "pld")
 
 
@@ -115,15 +117,9 @@ def replays_both(
 @click.option("--n-ctx", default=12288, show_default=True)
 @click.option("--threads", default=2, show_default=True)
 @click.option("--modes", default=",".join(MODES), show_default=True)
-@click.option("--llama-server", "llama_server", default=None, metavar="PATH",
-              help="Also run llama-server (plain and its n-gram speculation) side by side.")
-@click.option("--spec-types", default=None, metavar="T1,T2",
-              help="llama-server speculative types to run [default: every ngram-* type].")
 @click.option("--load", "load", default=0, show_default=True,
               help="Busy processes to run beside the benchmark (a loaded machine).")
-@click.option("--ls-flash-attn", "ls_flash_attn", default="auto", show_default=True,
-              type=click.Choice(["auto", "off", "both"]),
-              help="llama-server's -fa: its default (auto), off, or both side by side.")
+@llama_server_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def generate_bench(
     workload: Path,
@@ -311,9 +307,9 @@ def _run(
             session_wall[m][session] = session_wall[m].get(session, 0.0) + t.wall_s
             ls_tokens[m] = t.tokens
         for m in ls_agree:
-            # a mode against the plain decoding of its own flash-attention setting
-            fa_off = m.endswith("-fa-off") and m != "ls-plain-fa-off"
-            own = "ls-plain-fa-off" if fa_off else "ls-plain"
+            # a mode against the plain decoding of its own flash-attention setting (and
+            # plain without flash attention against its default)
+            own = "ls-plain" if m == "ls-plain-fa-off" else plain_of(m)
             ls_agree[m] += int(ls_tokens[m] == ls_tokens.get(own))
         for m in verdicts:
             verdict, where = certify_greedy(results["plain"][1], results[m][1])
@@ -390,7 +386,7 @@ def _run(
             out[f"{m}_tokens"] = int(a["tokens"])
             if m != "ls-plain":
                 out[f"{m}_same_output_as_ls_plain"] = ls_agree[m]
-            if not m.startswith("ls-plain"):
+            if m != plain_of(m):
                 out[f"{m}_accept_rate"] = round(a["accepted"] / max(a["drafted"], 1), 3)
             continue
         out[f"{m}_tok_s"] = round(rate(m), 2)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 from suffixd.daemon.model import extra_weight_buffers
 
 
@@ -28,6 +29,26 @@ def spec_types(binary: str | Path) -> list[str]:
     if not m:
         return []
     return [t for t in m.group(1).split(",") if t.startswith("ngram")]
+
+
+def llama_server_options(fn: Any) -> Any:
+    """--llama-server, --spec-types and --ls-flash-attn, shared by the benches."""
+    fn = click.option("--ls-flash-attn", "ls_flash_attn", default="auto", show_default=True,
+                      type=click.Choice(["auto", "off", "both"]),
+                      help="llama-server's -fa: its default (auto), off, or both side by "
+                           "side.")(fn)
+    fn = click.option("--spec-types", default=None, metavar="T1,T2",
+                      help="llama-server speculative types [default: every ngram-* type].")(fn)
+    fn = click.option("--llama-server", "llama_server", default=None, metavar="PATH",
+                      help="Also run llama-server (plain and its n-gram speculation) side "
+                           "by side.")(fn)
+    return fn
+
+
+def plain_of(name: str) -> str:
+    """The llama-server plain decoding with the same flash-attention setting as ``name``
+    (the names ``start_servers`` gives)."""
+    return "ls-plain-fa-off" if name.endswith("-fa-off") else "ls-plain"
 
 
 def start_servers(binary: str | Path, model: str | Path, *, threads: int, n_ctx: int,
