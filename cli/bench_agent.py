@@ -37,7 +37,7 @@ from .llama_server import llama_server_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | None, n_ctx: int,
                 threads: int, modes: str, llama_server: str | None, spec_types: str | None,
-                ls_flash_attn: str, as_json: bool) -> None:
+                ls_flash_attn: str, ls_plain: bool, as_json: bool) -> None:
     """Replay WORKLOAD's sessions whole, turn by turn, as an agent sends them."""
     from ..daemon.model import resolve_model_path
     from .llama_server import start_servers
@@ -57,7 +57,8 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
     try:
         if llama_server:
             servers = start_servers(llama_server, model_path, threads=threads, n_ctx=n_ctx,
-                                    spec_types_wanted=spec_types, flash_attn=ls_flash_attn)
+                                    spec_types_wanted=spec_types, flash_attn=ls_flash_attn,
+                                    plain=ls_plain)
         out = _run(workload, todo, max_tokens, model_path, n_ctx, threads, wanted, servers,
                    as_json)
     finally:

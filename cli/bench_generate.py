@@ -133,6 +133,7 @@ def generate_bench(
     spec_types: str | None,
     load: int,
     ls_flash_attn: str,
+    ls_plain: bool,
     as_json: bool,
 ) -> None:
     """Replay WORKLOAD's prompts through the real model: plain, suffixd and prompt lookup."""
@@ -149,7 +150,8 @@ def generate_bench(
     servers: dict[str, LlamaServer] = {}
     if llama_server:
         servers = start_servers(llama_server, model_path, threads=threads, n_ctx=n_ctx,
-                                spec_types_wanted=spec_types, flash_attn=ls_flash_attn)
+                                spec_types_wanted=spec_types, flash_attn=ls_flash_attn,
+                                plain=ls_plain)
     busy = BusyLoad(load) if load else None
     try:
         todo = _load_turns(workload, turns)
@@ -217,7 +219,13 @@ def _run(
     latencies: dict[str, list[float]] = {m: [] for m in [*wanted, *servers]}
     session_wall: dict[str, dict[str, float]] = {m: {} for m in [*wanted, *servers]}
     unfit: list[dict[str, Any]] = []
-    ls_agree = {m: 0 for m in servers if m != "ls-plain"}
+
+    def ls_reference(m: str) -> str:
+        # a mode against the plain decoding of its own flash-attention setting (and
+        # plain without flash attention against its default)
+        return "ls-plain" if m == "ls-plain-fa-off" else plain_of(m)
+
+    ls_agree = {m: 0 for m in servers if m != "ls-plain" and ls_reference(m) in servers}
     ls_tokens: dict[str, list[int]] = {}
     verdicts = {
         m: {"identical": 0, "near_tie": 0, "shape_flip": 0, "diverged": 0}
@@ -307,10 +315,7 @@ def _run(
             session_wall[m][session] = session_wall[m].get(session, 0.0) + t.wall_s
             ls_tokens[m] = t.tokens
         for m in ls_agree:
-            # a mode against the plain decoding of its own flash-attention setting (and
-            # plain without flash attention against its default)
-            own = "ls-plain" if m == "ls-plain-fa-off" else plain_of(m)
-            ls_agree[m] += int(ls_tokens[m] == ls_tokens.get(own))
+            ls_agree[m] += int(ls_tokens[m] == ls_tokens[ls_reference(m)])
         for m in verdicts:
             verdict, where = certify_greedy(results["plain"][1], results[m][1])
             ref_g, cand_g = results["plain"][1], results[m][1]
@@ -384,7 +389,7 @@ def _run(
             out[f"{m}_tok_s"] = round(rate(m), 2)
             out[f"{m}_turn_latency_s"] = round(a["total_s"] / max(n_turns, 1), 4)
             out[f"{m}_tokens"] = int(a["tokens"])
-            if m != "ls-plain":
+            if m in ls_agree:
                 out[f"{m}_same_output_as_ls_plain"] = ls_agree[m]
             if m != plain_of(m):
                 out[f"{m}_accept_rate"] = round(a["accepted"] / max(a["drafted"], 1), 3)
@@ -409,7 +414,9 @@ def _run(
     if servers:
         best = max(servers, key=rate)
         out["llama_server_best"] = best
-        out["suffixd_plain_vs_ls_plain"] = round(rate("plain") / max(rate("ls-plain"), 1e-9), 3)
+        if "ls-plain" in servers:
+            out["suffixd_plain_vs_ls_plain"] = round(
+                rate("plain") / max(rate("ls-plain"), 1e-9), 3)
         if "ls-plain-fa-off" in servers:
             out["suffixd_plain_vs_ls_plain_fa_off"] = round(
                 rate("plain") / max(rate("ls-plain-fa-off"), 1e-9), 3)
@@ -455,6 +462,6 @@ def _print(out: dict[str, Any], wanted: list[str], servers: list[str]) -> None:
         click.echo(f"llama-server's best: {out['llama_server_best']}; its modes' outputs equal "
                    "to its plain output: " + ", ".join(
                        f"{m} {out[f'{m}_same_output_as_ls_plain']}/{out['turns']}"
-                       for m in servers if m != "ls-plain"))
+                       for m in servers if f"{m}_same_output_as_ls_plain" in out))
     click.echo(f"greedy equivalence (suffixd vs its plain): {out['verdicts']}  "
                f"identical_outputs={out['identical_outputs']}")

@@ -32,7 +32,10 @@ def spec_types(binary: str | Path) -> list[str]:
 
 
 def llama_server_options(fn: Any) -> Any:
-    """--llama-server, --spec-types and --ls-flash-attn, shared by the benches."""
+    """--llama-server, --spec-types, --ls-flash-attn and --ls-plain, shared by the benches."""
+    fn = click.option("--ls-plain/--no-ls-plain", "ls_plain", default=True, show_default=True,
+                      help="Also llama-server's plain decoding (off: only its speculative "
+                           "types, to save an hour on a whole-workload run).")(fn)
     fn = click.option("--ls-flash-attn", "ls_flash_attn", default="auto", show_default=True,
                       type=click.Choice(["auto", "off", "both"]),
                       help="llama-server's -fa: its default (auto), off, or both side by "
@@ -52,13 +55,14 @@ def plain_of(name: str) -> str:
 
 
 def start_servers(binary: str | Path, model: str | Path, *, threads: int, n_ctx: int,
-                  spec_types_wanted: str | None, flash_attn: str) -> dict[str, LlamaServer]:
+                  spec_types_wanted: str | None, flash_attn: str,
+                  plain: bool = True) -> dict[str, LlamaServer]:
     """llama-server plain and with each n-gram type (``spec_types_wanted``: "T1,T2", or None
     for every type it offers), ready, keyed by the name the benches report ("ls-plain",
     "ls-ngram-mod"). ``flash_attn`` "both" runs each twice, its default (auto: on for the
     CPU) and off ("ls-plain-fa-off"): suffixd's verifier runs without flash attention, and
     on some models llama-server decodes faster without it too, so its best configuration
-    is taken over both."""
+    is taken over both. ``plain`` False leaves plain decoding out."""
     if spec_types_wanted:
         types = [t.strip() for t in spec_types_wanted.split(",") if t.strip()]
     else:
@@ -67,7 +71,7 @@ def start_servers(binary: str | Path, model: str | Path, *, threads: int, n_ctx:
     servers: dict[str, LlamaServer] = {}
     try:
         for fa in settings:
-            for t in [None, *types]:
+            for t in [None, *types] if plain else types:
                 name = "ls-" + (t or "plain") + ("-fa-off" if fa == "off" else "")
                 servers[name] = LlamaServer(binary, model, threads=threads, n_ctx=n_ctx,
                                             spec_type=t, flash_attn=fa)
