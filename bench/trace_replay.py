@@ -14,6 +14,14 @@ they have; prompt lookup): tokens per step, accept rate, drafted tokens per step
 cost-model speed-up, and the oracle ceiling (every draft truncated at its accepted
 length: what a perfect length choice over the same candidates would reach). This is
 how the end-to-end figures in BENCHMARKS.md are explained without re-running the model.
+
+Between the two, suffixd_hindsight says how much of the gap better calibration could
+close: the live replay's calibrated estimates (every candidate's, uncut) are refitted in
+hindsight to what the verifier then did (isotonic regression of acceptance on the
+estimate, fitted and scored on the same turns, so optimistic), and the replay is run
+again choosing each draft's length from the refitted estimates by the same rule. What
+remains between it and the oracle needs features that tell accepted from rejected
+tokens apart, not a better length rule.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +62,93 @@ def record(args: argparse.Namespace) -> None:
     v.close()
 
 
-def _replay(turns: list[dict[str, Any]], profile: Any, policy: str) -> dict[str, float]:
+Estimates = list[tuple[float, bool]]  # (conditional acceptance estimate, accepted)
+
+
+def _candidate_estimates(drafter: Any, draft: Any) -> list[float]:
+    """The calibrator's estimate for every candidate the trees offered, each conditional on
+    the one before it accepted (the live rule sees only the prefix it keeps)."""
+    c = draft.candidates
+    cum, _ = drafter.calibrator.choose_draft(
+        c, draft.prev, drafter.cost_profile.table(len(c) + 2), 0.0, False, draft.last_token
+    )
+    return [cum[0], *(b / a if a > 0 else 0.0 for a, b in zip(cum, cum[1:], strict=False))]
+
+
+def _isotonic(pairs: Estimates) -> Callable[[float], float]:
+    """Non-decreasing least-squares fit of acceptance on the estimate (pool adjacent
+    violators), as a step function."""
+    import bisect
+
+    blocks: list[list[float]] = []  # [upper estimate, hits, count]
+    for est, hit in sorted(pairs):
+        blocks.append([est, float(hit), 1.0])
+        while len(blocks) > 1 and blocks[-2][1] / blocks[-2][2] >= blocks[-1][1] / blocks[-1][2]:
+            top = blocks.pop()
+            blocks[-1] = [top[0], blocks[-1][1] + top[1], blocks[-1][2] + top[2]]
+    uppers = [b[0] for b in blocks]
+    means = [b[1] / b[2] for b in blocks]
+
+    def fit(est: float) -> float:
+        return means[min(bisect.bisect_left(uppers, est), len(means) - 1)]
+
+    return fit
+
+
+def _auc(pairs: Estimates) -> float:
+    """How well the estimate ranks accepted above rejected candidates (0.5: not at all)."""
+    ranked = sorted(pairs)
+    pos = sum(hit for _, hit in ranked)
+    neg = len(ranked) - pos
+    if not pos or not neg:
+        return 0.5
+    rank_sum, i = 0.0, 0
+    while i < len(ranked):  # tied estimates share their mean rank
+        j = i
+        while j < len(ranked) and ranked[j][0] == ranked[i][0]:
+            j += 1
+        rank_sum += sum(hit for _, hit in ranked[i:j]) * (i + j + 1) / 2
+        i = j
+    return (rank_sum - pos * (pos + 1) / 2) / (pos * neg)
+
+
+def _refit_choice(drafter: Any, draft: Any, refit: Callable[[float], float]) -> Any:
+    """The draft cut where the refitted estimates put the live length rule's optimum."""
+    from suffixcache.drafter import Draft
+
+    c = draft.candidates
+    cost = drafter.cost_profile.table(len(c) + 2)
+    rate = drafter.achieved_rate
+    tokens = c.tokens(0)
+    cum, probs, expected = 1.0, [], 1.0
+    best_k, best = 0, 1.0 - rate * cost[1]
+    for k, r in enumerate(_candidate_estimates(drafter, draft), start=1):
+        cum *= refit(r)
+        probs.append(cum)
+        expected += cum
+        if expected - rate * cost[k + 1] > best:
+            best_k, best = k, expected - rate * cost[k + 1]
+    return Draft(tokens[:best_k], list(range(-1, best_k - 1)), probs[:best_k],
+                 [draft.source] * best_k, draft.match_len, sum(probs[:best_k]), key=draft.key,
+                 prev=draft.prev, seq_id=draft.seq_id, last_token=draft.last_token,
+                 candidates=c, context_tail=draft.context_tail)
+
+
+def _judge(tokens: Sequence[int], truth: Sequence[int]) -> list[bool]:
+    """Candidates judged by the text that followed: hits up to and with the first miss."""
+    hits: list[bool] = []
+    for tok, want in zip(tokens, truth, strict=False):
+        hits.append(tok == want)
+        if tok != want:
+            break
+    return hits
+
+
+def _replay(turns: list[dict[str, Any]], profile: Any, policy: str,
+            estimates: Estimates | None = None,
+            refit: Callable[[float], float] | None = None) -> dict[str, float]:
+    """One policy over the traces; ``estimates`` collects the live calibrator's estimates
+    with their outcomes, ``refit`` (suffixd_hindsight) re-chooses lengths from them."""
     import numpy as np
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     from suffixd.cli.bench_generate import feed_prompt
@@ -86,6 +181,12 @@ def _replay(turns: list[dict[str, Any]], profile: Any, policy: str) -> dict[str,
                 path: list[int] = []
             elif policy.startswith("suffixd"):
                 draft = drafter.propose(ns, session, ctx, max_tokens=k)
+                if draft.candidates is not None and estimates is not None:
+                    est = _candidate_estimates(drafter, draft)
+                    estimates += zip(est, _judge(draft.candidates.tokens(0), out[n:]),
+                                     strict=False)
+                if draft.candidates is not None and refit is not None:
+                    draft = _refit_choice(drafter, draft, refit)
                 path = list(draft.path())
             else:
                 path = [int(x) for x in pld(np.asarray(ctx, dtype=np.intc))[:k]]
@@ -121,9 +222,17 @@ def replay(args: argparse.Namespace) -> None:
     lines = [json.loads(x) for x in Path(args.traces).read_text().splitlines() if x.strip()]
     header, turns = lines[0], lines[1:]
     profile = CostProfile.from_json(args.cost_profile or header["cost_profile"])
-    out = {"turns": len(turns), "tokens": sum(len(t["output"]) for t in turns)}
-    for policy in ("suffixd", "suffixd_candidates", "pld"):
+    out: dict[str, Any] = {"turns": len(turns), "tokens": sum(len(t["output"]) for t in turns)}
+    estimates: Estimates = []
+    out["suffixd"] = _replay(turns, profile, "suffixd", estimates=estimates)
+    out["suffixd_hindsight"] = _replay(turns, profile, "suffixd_hindsight",
+                                       refit=_isotonic(estimates))
+    for policy in ("suffixd_candidates", "pld"):
         out[policy] = _replay(turns, profile, policy)
+    oracle = out["suffixd_candidates"]["oracle_truncation_speedup"]
+    for policy in ("suffixd", "suffixd_hindsight"):
+        out[f"{policy}_of_oracle"] = round(out[policy]["cost_model_speedup"] / oracle, 3)
+    out["estimate_auc"] = round(_auc(estimates), 3)
     print(json.dumps(out))
 
 
