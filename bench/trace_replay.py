@@ -21,13 +21,16 @@ hindsight to what the verifier then did (isotonic regression of acceptance on th
 estimate, fitted and scored on the same turns, so optimistic), and the replay is run
 again choosing each draft's length from the refitted estimates by the same rule. What
 remains between it and the oracle needs features that tell accepted from rejected
-tokens apart, not a better length rule.
+tokens apart, not a better length rule. `replay --informed 0.1,0.3` says how much: the
+same replay with estimates that know each candidate's fate outright with that
+probability (and are the refitted ones otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -80,9 +83,14 @@ def _isotonic(pairs: Estimates) -> Callable[[float], float]:
     violators), as a step function."""
     import bisect
 
+    groups: dict[float, list[float]] = {}  # estimate -> [hits, count]: ties pool first
+    for est, hit in pairs:
+        g = groups.setdefault(est, [0.0, 0.0])
+        g[0] += hit
+        g[1] += 1
     blocks: list[list[float]] = []  # [upper estimate, hits, count]
-    for est, hit in sorted(pairs):
-        blocks.append([est, float(hit), 1.0])
+    for est in sorted(groups):
+        blocks.append([est, *groups[est]])
         while len(blocks) > 1 and blocks[-2][1] / blocks[-2][2] >= blocks[-1][1] / blocks[-1][2]:
             top = blocks.pop()
             blocks[-1] = [top[0], blocks[-1][1] + top[1], blocks[-1][2] + top[2]]
@@ -112,8 +120,11 @@ def _auc(pairs: Estimates) -> float:
     return (rank_sum - pos * (pos + 1) / 2) / (pos * neg)
 
 
-def _refit_choice(drafter: Any, draft: Any, refit: Callable[[float], float]) -> Any:
-    """The draft cut where the refitted estimates put the live length rule's optimum."""
+def _refit_choice(drafter: Any, draft: Any, refit: Callable[[float], float],
+                  truth: Sequence[int], informed: float, rng: random.Random) -> Any:
+    """The draft cut where the refitted estimates put the live length rule's optimum;
+    with probability ``informed`` a candidate's estimate is its fate (``truth``: the text
+    that follows) instead."""
     from suffixcache.drafter import Draft
 
     c = draft.candidates
@@ -123,7 +134,10 @@ def _refit_choice(drafter: Any, draft: Any, refit: Callable[[float], float]) -> 
     cum, probs, expected = 1.0, [], 1.0
     best_k, best = 0, 1.0 - rate * cost[1]
     for k, r in enumerate(_candidate_estimates(drafter, draft), start=1):
-        cum *= refit(r)
+        if informed and rng.random() < informed:
+            cum *= float(k <= len(truth) and tokens[k - 1] == truth[k - 1])
+        else:
+            cum *= refit(r)
         probs.append(cum)
         expected += cum
         if expected - rate * cost[k + 1] > best:
@@ -146,9 +160,12 @@ def _judge(tokens: Sequence[int], truth: Sequence[int]) -> list[bool]:
 
 def _replay(turns: list[dict[str, Any]], profile: Any, policy: str,
             estimates: Estimates | None = None,
-            refit: Callable[[float], float] | None = None) -> dict[str, float]:
+            refit: Callable[[float], float] | None = None,
+            informed: float = 0.0) -> dict[str, float]:
     """One policy over the traces; ``estimates`` collects the live calibrator's estimates
-    with their outcomes, ``refit`` (suffixd_hindsight) re-chooses lengths from them."""
+    with their outcomes, ``refit`` (suffixd_hindsight) re-chooses lengths from them,
+    ``informed`` of them replaced by the candidates' fates."""
+    rng = random.Random(0)
     import numpy as np
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     from suffixd.cli.bench_generate import feed_prompt
@@ -186,7 +203,7 @@ def _replay(turns: list[dict[str, Any]], profile: Any, policy: str,
                     estimates += zip(est, _judge(draft.candidates.tokens(0), out[n:]),
                                      strict=False)
                 if draft.candidates is not None and refit is not None:
-                    draft = _refit_choice(drafter, draft, refit)
+                    draft = _refit_choice(drafter, draft, refit, out[n:], informed, rng)
                 path = list(draft.path())
             else:
                 path = [int(x) for x in pld(np.asarray(ctx, dtype=np.intc))[:k]]
@@ -225,12 +242,16 @@ def replay(args: argparse.Namespace) -> None:
     out: dict[str, Any] = {"turns": len(turns), "tokens": sum(len(t["output"]) for t in turns)}
     estimates: Estimates = []
     out["suffixd"] = _replay(turns, profile, "suffixd", estimates=estimates)
-    out["suffixd_hindsight"] = _replay(turns, profile, "suffixd_hindsight",
-                                       refit=_isotonic(estimates))
+    refit = _isotonic(estimates)
+    out["suffixd_hindsight"] = _replay(turns, profile, "suffixd_hindsight", refit=refit)
+    for w in args.informed:
+        out[f"suffixd_informed_{w:g}"] = _replay(turns, profile, "suffixd_informed",
+                                                 refit=refit, informed=w)
     for policy in ("suffixd_candidates", "pld"):
         out[policy] = _replay(turns, profile, policy)
     oracle = out["suffixd_candidates"]["oracle_truncation_speedup"]
-    for policy in ("suffixd", "suffixd_hindsight"):
+    informed = [f"suffixd_informed_{w:g}" for w in args.informed]
+    for policy in ("suffixd", "suffixd_hindsight", *informed):
         out[f"{policy}_of_oracle"] = round(out[policy]["cost_model_speedup"] / oracle, 3)
     out["estimate_auc"] = round(_auc(estimates), 3)
     print(json.dumps(out))
@@ -249,6 +270,10 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("replay")
     p.add_argument("traces")
     p.add_argument("--cost-profile", default=None)
+    p.add_argument("--informed", default=[], metavar="W1,W2",
+                   type=lambda v: [float(x) for x in v.split(",") if x.strip()],
+                   help="also replay with estimates that know each candidate's fate with "
+                        "these probabilities")
     args = ap.parse_args(argv)
     source = Path(args.workload if args.cmd == "record" else args.traces)
     if not source.is_file():
