@@ -27,15 +27,7 @@ from typing import Any
 
 from daemon_harness import cpu_s, load_turns, pct, start_daemon, stop_daemon
 
-
-def _accepted(draft: list[int], truth: list[int]) -> int:
-    """Draft tokens a verifier replaying ``truth`` accepts: their common prefix."""
-    n = 0
-    for a, b in zip(draft, truth, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
+from suffixcache import common_prefix_length
 
 
 def _stream_turn(st: Any, sid: str, prompt: list[int], resp: list[int], end: float,
@@ -51,7 +43,7 @@ def _stream_turn(st: Any, sid: str, prompt: list[int], resp: list[int], end: flo
     d = st.step(prompt, kind="prompt")
     spec_lat.append(pc() - t)
     while pos < len(resp) and time.time() < end:
-        n = _accepted(d.tokens, resp[pos:])
+        n = common_prefix_length(d.tokens, resp[pos:])
         proposed += len(d.tokens)
         accepted += n
         step = resp[pos: pos + n + 1]
@@ -104,7 +96,7 @@ def _client_loop(target: str, turns: list[tuple[list[int], list[int]]], seconds:
         d = c.speculate("bench", sid, None, 16)
         spec_lat.append(pc() - t)
         while pos < len(resp) and time.time() < end:
-            n = _accepted(d.tokens, resp[pos:])
+            n = common_prefix_length(d.tokens, resp[pos:])
             proposed += len(d.tokens)
             accepted += n
             step = resp[pos: pos + n + 1]

@@ -170,7 +170,7 @@ def _replay(turns: list[dict[str, Any]], profile: Any, policy: str,
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     from suffixd.cli.bench_generate import feed_prompt
 
-    from suffixcache import CostProfile, Drafter, SuffixCache
+    from suffixcache import CostProfile, Drafter, SuffixCache, common_prefix_length
 
     cache = SuffixCache()
     # "suffixd_candidates": the same trees drafting everything they have (a flat profile),
@@ -207,9 +207,7 @@ def _replay(turns: list[dict[str, Any]], profile: Any, policy: str,
                 path = list(draft.path())
             else:
                 path = [int(x) for x in pld(np.asarray(ctx, dtype=np.intc))[:k]]
-            a = 0
-            while a < len(path) and n + a < len(out) and path[a] == out[n + a]:
-                a += 1
+            a = common_prefix_length(path, out[n : n + len(path)])
             if draft is not None:  # empty drafts too, as the verifier's on_step does
                 drafter.observe(draft, a, out[n : n + a + 1])
             steps += 1

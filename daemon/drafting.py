@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from suffixcache.drafter import Draft
+from suffixcache.drafter import Draft, accepted_length, common_prefix_length
 
 from .config import CacheConfig
 from .counters import SOURCES, Counters
@@ -49,32 +49,16 @@ log = logging.getLogger("suffixd.engine")
 
 
 def accepted_along(draft: Any, appended: Sequence[int]) -> int:
-    """Longest prefix of ``appended`` that follows a root-to-leaf path of the draft tree."""
+    """Longest prefix of ``appended`` that follows a root-to-leaf path of the draft tree
+    (a suffixcache Draft, or the draft model's: no parents, or as many as tokens)."""
     tokens = draft.tokens
-    if not tokens or not appended:
-        return 0
     parents = getattr(draft, "parents", None) or []
     is_path = getattr(draft, "is_path", None)  # a suffixcache Draft knows (and caches) it
     if len(parents) != len(tokens) or (
         is_path() if is_path is not None else all(p == i - 1 for i, p in enumerate(parents))
     ):
-        # A path draft (the usual case): the common prefix.
-        n = 0
-        for a, b in zip(tokens, appended, strict=False):
-            if a != b:
-                break
-            n += 1
-        return n
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(parents):
-        children.setdefault(p, []).append(i)
-    node, n = -1, 0
-    for tok in appended:
-        nxt = next((c for c in children.get(node, ()) if tokens[c] == tok), None)
-        if nxt is None:
-            break
-        node, n = nxt, n + 1
-    return n
+        return common_prefix_length(tokens, appended)
+    return accepted_length(tokens, parents, appended)
 
 
 class Drafting:

@@ -13,7 +13,15 @@ Usable on its own, without the daemon::
 from suffixcache._native import SuffixTree, speculate_multi
 from suffixcache.cache import SuffixCache
 from suffixcache.cost import CostProfile
-from suffixcache.drafter import EMPTY_DRAFT, SOURCES, Draft, DraftConfig, Drafter
+from suffixcache.drafter import (
+    EMPTY_DRAFT,
+    SOURCES,
+    Draft,
+    DraftConfig,
+    Drafter,
+    accepted_length,
+    common_prefix_length,
+)
 
 __all__ = [
     "EMPTY_DRAFT",
@@ -24,5 +32,7 @@ __all__ = [
     "Drafter",
     "SuffixCache",
     "SuffixTree",
+    "accepted_length",
+    "common_prefix_length",
     "speculate_multi",
 ]

@@ -154,24 +154,36 @@ class Draft:
 
     def accepted_length(self, truth: Sequence[int]) -> int:
         """Longest prefix of a root-to-leaf path of the draft that equals truth's prefix."""
-        if not self.tokens or not truth:
-            return 0
-        if self.is_path():
-            n = 0
-            for a, b in zip(self.tokens, truth, strict=False):
-                if a != b:
-                    break
-                n += 1
-            return n
-        depth: dict[int, int] = {-1: 0}
-        best = 0
-        for i, (tok, parent) in enumerate(zip(self.tokens, self.parents, strict=True)):
-            d = depth.get(parent)
-            if d is None or d >= len(truth) or truth[d] != tok:
-                continue
-            depth[i] = d + 1
-            best = max(best, d + 1)
-        return best
+        return accepted_length(self.tokens, None if self.is_path() else self.parents, truth)
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share: a path draft's accepted tokens."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def accepted_length(
+    tokens: Sequence[int], parents: Sequence[int] | None, truth: Sequence[int]
+) -> int:
+    """Longest prefix of ``truth`` that follows a root-to-leaf path of a draft tree
+    (``parents[i]``: the index of token i's parent, -1 at the root, parents first;
+    None for a path)."""
+    if parents is None:
+        return common_prefix_length(tokens, truth)
+    depth: dict[int, int] = {-1: 0}
+    best = 0
+    for i, (tok, parent) in enumerate(zip(tokens, parents, strict=True)):
+        d = depth.get(parent)
+        if d is None or d >= len(truth) or truth[d] != tok:
+            continue
+        depth[i] = d + 1
+        best = max(best, d + 1)
+    return best
 
 
 EMPTY_DRAFT = Draft([], [], [], [], 0, 0.0)

@@ -5,8 +5,18 @@ from __future__ import annotations
 import threading
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from suffixcache import CostProfile, Draft, DraftConfig, Drafter, SuffixCache
+from suffixcache import (
+    CostProfile,
+    Draft,
+    DraftConfig,
+    Drafter,
+    SuffixCache,
+    accepted_length,
+    common_prefix_length,
+)
 
 
 def test_global_budget_evicts_oldest_first() -> None:
@@ -196,6 +206,32 @@ def test_draft_acceptance_on_paths_and_trees() -> None:
     assert tree.accepted_length([5, 8, 1]) == 2
     assert tree.accepted_length([5, 6, 7, 1]) == 3
     assert tree.path() == [5, 6, 7]
+
+
+@st.composite
+def _trees(draw: st.DrawFn) -> tuple[list[int], list[int]]:
+    n = draw(st.integers(0, 8))
+    tokens = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    parents = [draw(st.integers(-1, i - 1)) for i in range(n)]  # parents come first
+    return tokens, parents
+
+
+@given(_trees(), st.lists(st.integers(0, 3), max_size=6))
+def test_accepted_length_is_the_longest_matching_root_path(
+    tree: tuple[list[int], list[int]], truth: list[int]
+) -> None:
+    tokens, parents = tree
+
+    def root_path(i: int) -> list[int]:
+        return [] if i < 0 else [*root_path(parents[i]), tokens[i]]
+
+    # reference: every node's root path, the longest that is a prefix of truth
+    want = max((len(p) for p in map(root_path, range(len(tokens)))
+                if p == truth[: len(p)]), default=0)
+    assert accepted_length(tokens, parents, truth) == want
+    path = list(range(-1, len(tokens) - 1))
+    assert accepted_length(tokens, None, truth) == accepted_length(tokens, path, truth)
+    assert common_prefix_length(tokens, truth) == accepted_length(tokens, path, truth)
 
 
 def test_tree_drafts_respect_the_budget() -> None:
