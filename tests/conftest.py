@@ -24,6 +24,25 @@ from typing import Any
 
 import pytest
 
+# Runs argv[2:] in place of itself once the kernel will SIGTERM it when the test process
+# dies (prctl PR_SET_PDEATHSIG = 1): a test process that crashes skips the fixtures'
+# teardown, and a daemon left behind would hold its model, port and CPU for good.
+_DIES_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)  # the parent died before prctl\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def dies_with_parent(cmd: Sequence[str]) -> list[str]:
+    """``cmd``, started so that it ends when this process does (Linux; as is elsewhere).
+    The process keeps its pid: the wrapper execs it."""
+    if not sys.platform.startswith("linux"):
+        return list(cmd)
+    return [sys.executable, "-c", _DIES_WITH_PARENT, str(os.getpid()), *cmd]
+
 
 class DaemonProcess:
     """A `suffixd serve` subprocess and how to reach it."""
@@ -57,8 +76,8 @@ class DaemonProcess:
         with contextlib.suppress(OSError):  # absent, or on a read-only disk (a test's)
             announce.unlink()
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=self.env)
+        self.proc = subprocess.Popen(dies_with_parent(self.command()), stdout=self._log,
+                                     stderr=subprocess.STDOUT, env=self.env)
         if not expect_ready:
             return self
         deadline = time.monotonic() + timeout

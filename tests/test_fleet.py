@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from .conftest import dies_with_parent
+
 REDIS = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(
     REDIS is None, reason="redis-server is not installed (apt-get install redis-server; "
@@ -50,8 +52,8 @@ class RedisServer:
     def start(self) -> RedisServer:
         assert REDIS is not None
         self.proc = subprocess.Popen(
-            [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.dir)],
+            dies_with_parent([REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save",
+                              "", "--appendonly", "no", "--dir", str(self.dir)]),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
