@@ -134,10 +134,11 @@ def serve(
     """Run the suffixd daemon (gRPC, and with --http the OpenAI API) until SIGTERM or
     Ctrl-C."""
     from suffixd.daemon.config import CacheConfig, Limits, default_data_dir
+    from suffixd.daemon.logs import configure
     from suffixd.daemon.serve_config import ServeConfig, ServeError
-    from suffixd.daemon.server import run, setup_logging
+    from suffixd.daemon.server import run
 
-    setup_logging(log_json, log_level)
+    configure(log_level, json_lines=log_json)
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
     cfg = ServeConfig(

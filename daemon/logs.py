@@ -6,7 +6,7 @@ Code logs events with fields instead of prose::
     event(log, "corpus.warm", ns="sql", files=3, tokens=1200)
 
 which renders as ``2026-11-23T09:50:01.123Z INFO suffixd.corpus corpus.warm ns=sql
-files=3 tokens=1200`` or, with ``configure(json=True)``, as
+files=3 tokens=1200`` or, with ``configure(json_lines=True)``, as
 ``{"ts": "...", "level": "info", "logger": "suffixd.corpus", "event": "corpus.warm",
 "ns": "sql", "files": 3, "tokens": 1200}``. Plain ``log.info("text")`` calls from
 other modules and libraries become events too (the message is the event), so

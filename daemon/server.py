@@ -12,9 +12,9 @@
   ``<data dir>/suffixd.sock``, mode 0600, one daemon per socket path) and/or TCP
   (``HOST:PORT``), which requires a bearer token unless ``insecure`` is set explicitly;
   optional TLS on TCP.
-* ``setup_logging``: the daemon's log lines (key=value, or JSON).
 
-The configuration (``ServeConfig``, ``ServeError``, listeners) is daemon/serve_config.py.
+The log lines are daemon/logs.py's (``configure``); the configuration (``ServeConfig``,
+``ServeError``, listeners) is daemon/serve_config.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -59,45 +58,6 @@ EXTRA_SERVICES: list[str] = [
     "suffixd.daemon.generate_service:register",
 ]
 # ---------------------------------------------------------------------------------------
-
-
-class JsonFormatter(logging.Formatter):
-    _skip = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        out.update({k: v for k, v in vars(record).items() if k not in self._skip})
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
-
-
-class KeyValueFormatter(logging.Formatter):
-    _skip = JsonFormatter._skip
-
-    def format(self, record: logging.LogRecord) -> str:
-        extra = " ".join(f"{k}={v}" for k, v in vars(record).items() if k not in self._skip)
-        line = f"{time.strftime('%H:%M:%S', time.localtime(record.created))} " \
-               f"{record.levelname.lower():5} {record.name}: {record.getMessage()}"
-        if extra:
-            line += " " + extra
-        if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
-        return line
-
-
-def setup_logging(json_logs: bool = False, level: str = "info") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if json_logs else KeyValueFormatter())
-    root = logging.getLogger("suffixd")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
 
 
 def _load_extra(spec: str) -> Callable[[grpc.Server, Any], list[str] | None] | None:
