@@ -128,34 +128,19 @@ def _refit_choice(drafter: Any, draft: Any, refit: Callable[[float], float],
     from suffixcache.drafter import Draft
 
     c = draft.candidates
-    cost = drafter.cost_profile.table(len(c) + 2)
-    rate = drafter.achieved_rate
     tokens = c.tokens(0)
-    cum, probs, expected = 1.0, [], 1.0
-    best_k, best = 0, 1.0 - rate * cost[1]
+    cum, probs = 1.0, []
     for k, r in enumerate(_candidate_estimates(drafter, draft), start=1):
         if informed and rng.random() < informed:
             cum *= float(k <= len(truth) and tokens[k - 1] == truth[k - 1])
         else:
             cum *= refit(r)
         probs.append(cum)
-        expected += cum
-        if expected - rate * cost[k + 1] > best:
-            best_k, best = k, expected - rate * cost[k + 1]
+    best_k = drafter._best_prefix(probs)  # the live rule (Dinkelbach), on these estimates
     return Draft(tokens[:best_k], list(range(-1, best_k - 1)), probs[:best_k],
                  [draft.source] * best_k, draft.match_len, sum(probs[:best_k]), key=draft.key,
                  prev=draft.prev, seq_id=draft.seq_id, last_token=draft.last_token,
                  candidates=c, context_tail=draft.context_tail)
-
-
-def _judge(tokens: Sequence[int], truth: Sequence[int]) -> list[bool]:
-    """Candidates judged by the text that followed: hits up to and with the first miss."""
-    hits: list[bool] = []
-    for tok, want in zip(tokens, truth, strict=False):
-        hits.append(tok == want)
-        if tok != want:
-            break
-    return hits
 
 
 def _replay(turns: list[dict[str, Any]], profile: Any, policy: str,
@@ -165,12 +150,14 @@ def _replay(turns: list[dict[str, Any]], profile: Any, policy: str,
     """One policy over the traces; ``estimates`` collects the live calibrator's estimates
     with their outcomes, ``refit`` (suffixd_hindsight) re-chooses lengths from them,
     ``informed`` of them replaced by the candidates' fates."""
-    rng = random.Random(0)
     import numpy as np
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     from suffixd.cli.bench_generate import feed_prompt
 
     from suffixcache import CostProfile, Drafter, SuffixCache, common_prefix_length
+    from suffixcache.drafter import _judged
+
+    rng = random.Random(0)
 
     cache = SuffixCache()
     # "suffixd_candidates": the same trees drafting everything they have (a flat profile),
@@ -200,7 +187,8 @@ def _replay(turns: list[dict[str, Any]], profile: Any, policy: str,
                 draft = drafter.propose(ns, session, ctx, max_tokens=k)
                 if draft.candidates is not None and estimates is not None:
                     est = _candidate_estimates(drafter, draft)
-                    estimates += zip(est, _judge(draft.candidates.tokens(0), out[n:]),
+                    # judged up to and with the first miss, as the calibrator learns them
+                    estimates += zip(est, _judged(draft.candidates.tokens(0), out[n:])[0],
                                      strict=False)
                 if draft.candidates is not None and refit is not None:
                     draft = _refit_choice(drafter, draft, refit, out[n:], informed, rng)

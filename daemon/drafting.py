@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from suffixcache.drafter import Draft, accepted_length, common_prefix_length
+from suffixcache.drafter import Draft, accepted_length
 
 from .config import CacheConfig
 from .counters import SOURCES, Counters
@@ -54,11 +54,10 @@ def accepted_along(draft: Any, appended: Sequence[int]) -> int:
     tokens = draft.tokens
     parents = getattr(draft, "parents", None) or []
     is_path = getattr(draft, "is_path", None)  # a suffixcache Draft knows (and caches) it
-    if len(parents) != len(tokens) or (
+    path = len(parents) != len(tokens) or (
         is_path() if is_path is not None else all(p == i - 1 for i, p in enumerate(parents))
-    ):
-        return common_prefix_length(tokens, appended)
-    return accepted_length(tokens, parents, appended)
+    )
+    return accepted_length(tokens, None if path else parents, appended)
 
 
 class Drafting:
