@@ -3,7 +3,18 @@ before it: the KV cache a 32-token verification leaves must serve later steps ex
 the one a prompt chunk leaves. With llama.cpp's CPU flash attention (0.3.36) it did not:
 on this fixture, a conversation as the verifier held it when a drafted spider_dev turn
 parted from plain decoding, the last of 32 batched rows left a K/V row that later turned
-a logit of 12.4 into 20.7 (the verifier now runs without flash attention)."""
+a logit of 12.4 into 20.7 (the verifier now runs without flash attention).
+
+What the test may demand is set from measurements (this fixture, the embedded model,
+without flash attention): batching the last 8..96 history tokens apart moves the step's
+top logits by up to 0.82 and any logit of a row by up to 1.98 (Intel Xeon, Sapphire
+Rapids; 0.56 on the top logit on AMD EPYC), with every row's argmax unchanged. Those are
+batch numerics. The fault moved one logit by 8.3, and where it shows depends on the CPU:
+with flash attention turned back on, the Sapphire Rapids VM moves a logit by 9.2 (and
+flips an argmax) with the last 8 tokens batched apart and by 6.8 with 16, but not with 32
+or 40. So the test batches 8, 16, 32 and 40 apart, and the bounds sit at about twice the
+numerics and under half the fault."""
+
 
 from __future__ import annotations
 
@@ -12,10 +23,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from suffixd.daemon.generation.verifier import Verifier
 from suffixd.daemon.model import embedded_model_path
-from suffixd.daemon.verifier import Verifier
 
 FIXTURE = Path(__file__).parent / "fixtures" / "batching_history.json"
+
+# Batch numerics reach 0.82 on a top logit and 1.98 on any logit (docstring); the fault 8.3.
+TOP_LOGIT_DRIFT = 2.0
+ROW_DRIFT = 4.0
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +64,14 @@ def test_a_steps_logits_do_not_depend_on_how_earlier_positions_were_batched(
     history, batch, outputs = case["history"], case["batch"], case["outputs"]
     chunks = [512] * (len(history) // 512)
     rest = len(history) % 512
-    # the prompt's chunking, then what a drafting run did: a 32-token verification
-    # last, or 40 (both under 64 rows: the kernel path that went wrong)
+    # the prompt's chunking, then what a drafting run did: a verification of 8 to 40
+    # tokens last (under 64 rows: the kernel path that went wrong)
     ref = _step_rows(verifier, history, [*chunks, rest], batch, outputs)
-    for last in (32, 40):
+    for last in (8, 16, 32, 40):
         got = _step_rows(verifier, history, [*chunks, rest - last, last], batch, outputs)
         for row in range(outputs):
             assert int(np.argmax(got[row])) == int(np.argmax(ref[row])), (last, row)
             top = int(np.argmax(ref[row]))
-            # batch numerics move logits by hundredths; the fault moved one by 8
-            assert abs(float(got[row][top]) - float(ref[row][top])) < 0.5, (last, row)
+            assert abs(float(got[row][top]) - float(ref[row][top])) < TOP_LOGIT_DRIFT, \
+                (last, row)
+            assert float(np.abs(got[row] - ref[row]).max()) < ROW_DRIFT, (last, row)
