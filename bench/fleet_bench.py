@@ -241,10 +241,10 @@ class _EngineSource:
 
 def bench_replay(workloads: list[str], nodes: int) -> None:
     from suffixd.cli.bench import tokenized_workload
-    from suffixd.daemon.config import CacheConfig
+    from suffixd.daemon.common.config import CacheConfig
     from suffixd.daemon.engine import Engine
-    from suffixd.daemon.fleet import Fleet
-    from suffixd.daemon.fleet_config import FleetConfig
+    from suffixd.daemon.fleet.config import FleetConfig
+    from suffixd.daemon.fleet.node import Fleet
 
     from suffixcache.cost import CostProfile
     from suffixcache.drafter import DraftConfig, Drafter

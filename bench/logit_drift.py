@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from suffixd.daemon.chat import ChatRenderer
+from suffixd.daemon.generation.chat import ChatRenderer
+from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import resolve_model_path
-from suffixd.daemon.verifier import GenerateParams, Verifier
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "workloads"
 

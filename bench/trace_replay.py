@@ -39,9 +39,9 @@ from typing import Any
 
 def record(args: argparse.Namespace) -> None:
     from suffixd.cli.bench_generate import _load_turns, fits_side_by_side
-    from suffixd.daemon.chat import ChatRenderer
+    from suffixd.daemon.generation.chat import ChatRenderer
+    from suffixd.daemon.generation.verifier import GenerateParams, Verifier
     from suffixd.daemon.model import resolve_model_path
-    from suffixd.daemon.verifier import GenerateParams, Verifier
 
     n_ctx = 12288
     v = Verifier(resolve_model_path(args.model), n_ctx=n_ctx, n_slots=2)

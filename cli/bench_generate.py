@@ -183,9 +183,9 @@ def _run(
 
     from suffixcache import CostProfile, Drafter, SuffixCache
 
-    from ..daemon.certify import NEAR_TIE_GAP, certify_greedy
-    from ..daemon.chat import ChatRenderer
-    from ..daemon.verifier import GenerateParams, Verifier
+    from ..daemon.generation.certify import NEAR_TIE_GAP, certify_greedy
+    from ..daemon.generation.chat import ChatRenderer
+    from ..daemon.generation.verifier import GenerateParams, Verifier
 
     # n_ctx 0: the model's trained context (the verifier caps what it is given there)
     verifier = Verifier(model_path, n_ctx=n_ctx or 1 << 30, n_threads=threads, n_slots=4)

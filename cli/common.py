@@ -21,7 +21,7 @@ def resolve_target(address: str | None, socket: str | None, data_dir: str | None
     if socket:
         return "unix:" + os.path.abspath(socket)
     if data_dir:
-        from suffixd.daemon.config import default_socket_path
+        from suffixd.daemon.common.config import default_socket_path
 
         return "unix:" + str(default_socket_path(Path(data_dir).absolute()))
     return None

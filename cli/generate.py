@@ -25,7 +25,7 @@ from suffixd.cli.common import connect, connection_options, fail
 
 
 def history_path(data_dir: str | None, namespace: str, session: str) -> Path:
-    from suffixd.daemon.config import default_data_dir
+    from suffixd.daemon.common.config import default_data_dir
 
     base = Path(data_dir).absolute() if data_dir else default_data_dir()
     # Any session id is a safe file name once quoted ("/" included).

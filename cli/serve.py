@@ -133,10 +133,10 @@ def serve(
 ) -> None:
     """Run the suffixd daemon (gRPC, and with --http the OpenAI API) until SIGTERM or
     Ctrl-C."""
-    from suffixd.daemon.config import CacheConfig, Limits, default_data_dir
-    from suffixd.daemon.logs import configure
-    from suffixd.daemon.serve_config import ServeConfig, ServeError
-    from suffixd.daemon.server import run
+    from suffixd.daemon.common.config import CacheConfig, Limits, default_data_dir
+    from suffixd.daemon.common.logs import configure
+    from suffixd.daemon.server.serve import run
+    from suffixd.daemon.server.serve_config import ServeConfig, ServeError
 
     configure(log_level, json_lines=log_json)
     if bool(tls_cert) != bool(tls_key):
@@ -187,7 +187,7 @@ def serve(
     except OSError as exc:
         # A disk that fills or turns read-only under the start-up (after the preflight's
         # probe): one line, not a traceback.
-        from suffixd.daemon.startup import disk_error_line
+        from suffixd.daemon.server.startup import disk_error_line
 
         click.echo(f"suffixd serve: error: {disk_error_line(cfg.data_dir, exc)}", err=True)
         sys.exit(2)

@@ -14,7 +14,7 @@ packed little-endian int32:
            costs O(new tokens))
 ``ctr``    ns NUL [session id] -> counters dict (stats that must survive a restart)
 ``doc``    ns NUL doc key -> {seqs: [seq ids], hash, ...} (corpus documents)
-``fleet``  bytes key -> msgpack value: the fleet's replication state (daemon/fleet.py owns
+``fleet``  bytes key -> msgpack value: the fleet's replication state (daemon/fleet/node.py owns
            its keys: the outbox of entries to publish, stream positions, origin index)
 
 Interface: ``SCHEMA_VERSION``; ``pack_tokens`` / ``unpack_tokens``; ``dump`` / ``load``

@@ -172,7 +172,7 @@ class Txn:
     def put_meta(self, key: str, value: Any) -> None:
         self.txn.put(key.encode(), dump(value), db=self._dbs.meta)
 
-    # -- fleet replication state (daemon/fleet.py) -------------------------
+    # -- fleet replication state (daemon/fleet/node.py) -------------------------
     def fleet_get(self, key: bytes) -> Any:
         raw = self.txn.get(key, db=self._dbs.fleet)
         return load(raw) if raw is not None else None

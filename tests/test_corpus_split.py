@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from suffixd.daemon import corpus
-from suffixd.daemon.corpus import (
+from suffixd.daemon.corpus import units as corpus
+from suffixd.daemon.corpus.units import (
     SkipFile,
     Unit,
     batch_units,

@@ -1,5 +1,6 @@
 """Deferred steps coalesced into one store write per session and commit group
-(ingest.DeferredBatch): order, truthful durable_tokens, and restore after a crash."""
+(engine/session_state.py: DeferredBatch): order, truthful durable_tokens, and restore after
+a crash."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ import random
 import time
 from pathlib import Path
 
-from suffixd.daemon.drafting import accepted_along as _accepted_along
 from suffixd.daemon.engine import Engine
+from suffixd.daemon.engine.drafting import accepted_along as _accepted_along
 
 
 def _seqs(seed: int, n: int, length: int) -> list[list[int]]:
@@ -80,7 +80,7 @@ def test_generated_pieces_form_one_response(tmp_path: Path) -> None:
 def test_concurrent_close_and_use_give_not_found_only(tmp_path: Path) -> None:
     import threading
 
-    from suffixd.daemon.errors import NotFound
+    from suffixd.daemon.common.errors import NotFound
 
     errors: list[str] = []
     with Engine(tmp_path, vocab_size=1000, sync=False) as e:

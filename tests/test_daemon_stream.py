@@ -288,8 +288,8 @@ def test_stream_needs_the_bearer_token_on_tcp(daemon_factory: Any) -> None:
 def test_stream_limit(daemon_factory: Any, tmp_path: Path) -> None:
     """Streams beyond the limit are refused at once; unary RPCs keep working."""
     from suffixd.daemon.engine import Engine
-    from suffixd.daemon.serve_config import ServeConfig
-    from suffixd.daemon.server import build_server
+    from suffixd.daemon.server.serve import build_server
+    from suffixd.daemon.server.serve_config import ServeConfig
 
     data = tmp_path / "limit"
     engine = Engine(data, vocab_size=1000)
@@ -327,10 +327,10 @@ ALLOWED = {
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
-    from suffixd.daemon.config import Limits
+    from suffixd.daemon.common.config import Limits
     from suffixd.daemon.engine import Engine
-    from suffixd.daemon.serve_config import ServeConfig
-    from suffixd.daemon.server import build_server
+    from suffixd.daemon.server.serve import build_server
+    from suffixd.daemon.server.serve_config import ServeConfig
 
     data = tmp_path_factory.mktemp("stream-fuzz")
     limits = Limits(max_tokens_per_call=5000, session_idle_timeout_s=0)

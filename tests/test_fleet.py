@@ -332,7 +332,7 @@ def test_credentials_come_from_the_url_or_env_and_never_reach_logs_or_status(
 
 
 def test_redact() -> None:
-    from suffixd.daemon.fleet_config import redact
+    from suffixd.daemon.fleet.config import redact
 
     assert redact("rediss://user:pw@h:6380/1?ssl_cert_reqs=none") == "rediss://***@h:6380/1"
     assert redact("redis://h:6379/0") == "redis://h:6379/0"

@@ -27,8 +27,8 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 class Node:
     def __init__(self, path: Path, url: str, node: str, **cfg: Any) -> None:
         from suffixd.daemon.engine import Engine
-        from suffixd.daemon.fleet import Fleet
-        from suffixd.daemon.fleet_config import FleetConfig
+        from suffixd.daemon.fleet.config import FleetConfig
+        from suffixd.daemon.fleet.node import Fleet
 
         self.path, self.url, self.node, self.cfg = path, url, node, cfg
         self.engine = Engine(path, vocab_size=70_000)

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 from suffixd.client import InvalidArgumentError
-from suffixd.daemon.certify import certify_greedy
-from suffixd.daemon.chat import ChatRenderer
+from suffixd.daemon.generation.certify import certify_greedy
+from suffixd.daemon.generation.chat import ChatRenderer
+from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
-from suffixd.daemon.verifier import GenerateParams, Verifier
 
 # Text-to-SQL agent sessions written for the project (examples/make_examples.py).
 WORKLOAD = Path(__file__).resolve().parents[1] / "examples" / "workloads" / "sql_agent.jsonl"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from suffixd.daemon.metrics import parse_addr
+from suffixd.daemon.server.metrics import parse_addr
 
 
 def scrape(addr: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -99,5 +99,5 @@ def test_metrics_addr_parsing() -> None:
 def test_bad_metrics_addr_refuses_to_start(daemon_factory: Any) -> None:
     proc = daemon_factory(args=["--metrics-addr", "nonsense:port"], expect_ready=False)
     assert proc.wait(60) != 0
-    # Refused before the model loads (daemon/startup.py), in one line.
+    # Refused before the model loads (daemon/server/startup.py), in one line.
     assert "--metrics-addr 'nonsense:port': expected HOST:PORT" in proc.log()

@@ -1,4 +1,4 @@
-"""Structured logs (daemon/logs.py): one line per event, key=value or JSON."""
+"""Structured logs (daemon/common/logs.py): one line per event, key=value or JSON."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import logging
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from suffixd.daemon.logs import _STD as RECORD_ATTRS
-from suffixd.daemon.logs import configure, event
+from suffixd.daemon.common.logs import _STD as RECORD_ATTRS
+from suffixd.daemon.common.logs import configure, event
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_any_fields_stay_one_parseable_line(fields: dict[str, object], name: str
     for json_lines in (False, True):
         buf = io.StringIO()
         handler = logging.StreamHandler(buf)
-        from suffixd.daemon.logs import JsonFormatter, KeyValueFormatter
+        from suffixd.daemon.common.logs import JsonFormatter, KeyValueFormatter
 
         handler.setFormatter(JsonFormatter() if json_lines else KeyValueFormatter())
         log = logging.getLogger(f"suffixd.prop{int(json_lines)}")

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from suffixd.daemon.session_finder import SessionFinder
+from suffixd.daemon.http_api.session_finder import SessionFinder
 
 SYSTEM = "You translate questions into SQL. Schema: singer(id, name, age, country)."
 
@@ -329,7 +329,7 @@ def test_finder_never_guesses_between_identical_first_turns() -> None:
 def test_store_failures_map_to_openai_shaped_errors() -> None:
     """A full disk is a 429 the client can retry once space is freed (gRPC's
     RESOURCE_EXHAUSTED), not a 500; a closing store is a 503."""
-    from suffixd.daemon.openai_request import api_error
+    from suffixd.daemon.http_api.requests import api_error
 
     from suffixcache.store import DiskFullError, StoreClosedError
 

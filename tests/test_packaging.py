@@ -32,7 +32,7 @@ def test_wheel_contains_extension_and_namespaced_packages(tmp_path: Path) -> Non
     assert any(n.startswith("suffixcache/_native") and n.endswith(".so") for n in names)
     for module in (
         "suffixcache/drafter.py",
-        "suffixd/daemon/server.py",
+        "suffixd/daemon/server/serve.py",
         "suffixd/client/__init__.py",
         "suffixd/cli/main.py",
         "suffixd/v1/suffixd_pb2.py",

@@ -13,10 +13,10 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from suffixd.daemon.config import Limits
+from suffixd.daemon.common.config import Limits
 from suffixd.daemon.engine import Engine
-from suffixd.daemon.serve_config import ServeConfig
-from suffixd.daemon.server import build_server
+from suffixd.daemon.server.serve import build_server
+from suffixd.daemon.server.serve_config import ServeConfig
 from suffixd.v1 import suffixd_pb2 as pb
 from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
 

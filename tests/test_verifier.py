@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-from suffixd.daemon.certify import NEAR_TIE_GAP, TokenGap, certify_greedy
-from suffixd.daemon.chat import ChatRenderer
-from suffixd.daemon.cost_measure import _plausible, plan_batch_shapes
-from suffixd.daemon.kv_slots import ContextOverflowError
+from suffixd.daemon.generation.certify import NEAR_TIE_GAP, TokenGap, certify_greedy
+from suffixd.daemon.generation.chat import ChatRenderer
+from suffixd.daemon.generation.cost_measure import _plausible, plan_batch_shapes
+from suffixd.daemon.generation.kv_slots import ContextOverflowError
+from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
-from suffixd.daemon.verifier import GenerateParams, Verifier
 
 # Text-to-SQL agent sessions written for the project (examples/make_examples.py).
 WORKLOAD = Path(__file__).resolve().parents[1] / "examples" / "workloads" / "sql_agent.jsonl"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from suffixd.daemon.certify import certify_greedy
-from suffixd.daemon.draft_model import (
+from suffixd.daemon.generation.certify import certify_greedy
+from suffixd.daemon.generation.draft_model import (
     AdaptiveDrafter,
     DraftModel,
     FallbackProposer,
@@ -15,8 +15,8 @@ from suffixd.daemon.draft_model import (
     check_vocabulary,
     measure,
 )
+from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
-from suffixd.daemon.verifier import GenerateParams, Verifier
 
 
 @dataclass

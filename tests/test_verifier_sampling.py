@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from suffixd.daemon.certify import NEAR_TIE_GAP
-from suffixd.daemon.chat import ChatRenderer
+from suffixd.daemon.generation.certify import NEAR_TIE_GAP
+from suffixd.daemon.generation.chat import ChatRenderer
+from suffixd.daemon.generation.sampling import SamplingNoise, race, speculative_sample, target_probs
+from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
-from suffixd.daemon.sampling import SamplingNoise, race, speculative_sample, target_probs
-from suffixd.daemon.verifier import GenerateParams, Verifier
 
 # chi-square critical values at significance 0.001 (fixed seeds: no flakiness either way)
 CHI2_001 = {3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}

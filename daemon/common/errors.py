@@ -1,6 +1,6 @@
 """Engine errors, each tied to the gRPC status code the servicers answer with.
 
-The engine raises these (it knows nothing of gRPC); daemon/service.py maps
+The engine raises these (it knows nothing of gRPC); daemon/grpc_api/suffixd_service.py maps
 ``EngineError.code`` (a grpc.StatusCode name) onto the RPC status.
 """
 

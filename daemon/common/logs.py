@@ -2,7 +2,7 @@
 
 Code logs events with fields instead of prose::
 
-    from suffixd.daemon.logs import event
+    from suffixd.daemon.common.logs import event
     event(log, "corpus.warm", ns="sql", files=3, tokens=1200)
 
 which renders as ``2026-11-23T09:50:01.123Z INFO suffixd.corpus corpus.warm ns=sql

@@ -29,14 +29,14 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from .config import Limits
-from .errors import ResourceExhausted
+from ..common.config import Limits
+from ..common.errors import ResourceExhausted
 
 if TYPE_CHECKING:
     from suffixcache import SuffixCache
 
     from .counters import Counters
-    from .sessions import Session, SessionRegistry
+    from .session_state import Session, SessionRegistry
 
 
 class NamespaceLimit:

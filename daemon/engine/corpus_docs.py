@@ -14,7 +14,7 @@ Durability: ``add`` and ``remove`` return once the document record, its sequence
 deleted) and the fleet's outbox entry are committed in one transaction; the corpus tree
 follows after. No lock of its own: the store serialises writes, the trees go through
 ``TreeIndex`` (which keeps a background rebuild from resurrecting replaced sequences).
-The warm path (``corpus_service.py``) stores files with its own records on the same trees.
+The warm path (``grpc_api/corpus_service.py``) stores files with its own records on the same trees.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from suffixcache.store import Store, Txn
 
-from .errors import InvalidArgument, ResourceExhausted
+from ..common.errors import InvalidArgument, ResourceExhausted
 from .trees import TreeIndex
 from .validation import Validator
 

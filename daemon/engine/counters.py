@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from suffixcache.store import Store, StoreError, Txn
 
-from .errors import InvalidArgument
+from ..common.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from suffixcache import SuffixCache
 
-    from .sessions import SessionRegistry
+    from .session_state import SessionRegistry
 
 log = logging.getLogger("suffixd.engine")
 

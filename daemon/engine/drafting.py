@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from suffixcache.drafter import Draft, accepted_length
 
-from .config import CacheConfig
+from ..common.config import CacheConfig
+from ..common.errors import InvalidArgument, NotFound
 from .counters import SOURCES, Counters
-from .errors import InvalidArgument, NotFound
-from .sessions import TAIL_KEEP, Session, SessionRegistry
+from .session_state import TAIL_KEEP, Session, SessionRegistry
 
 if TYPE_CHECKING:
     from suffixcache import SuffixCache

@@ -13,7 +13,8 @@ metrics, fleet) use. Each part's module docstring holds its interface, locks and
 durability:
 
 * ``validator`` (validation.py): names, tokens, kinds, metadata, draft lengths;
-* ``registry`` and ``sessions`` (sessions.py): the open sessions; open, close, idle expiry;
+* ``registry`` (session_state.py) and ``sessions`` (sessions.py): the open sessions; open,
+  close, idle expiry;
 * ``ingest`` (ingest.py): durable and deferred appends, what follows each one;
 * ``drafting`` (drafting.py): proposals, and the feedback of verified steps;
 * ``counters`` (counters.py): counters, their flushing to LMDB, ``stats``;
@@ -60,7 +61,7 @@ Locking (explicit; a lock is never held across another session's work):
   in the same order. Operations on different sessions run in parallel; their LMDB writes
   share fsyncs through the store's group commit. ``append_many`` takes the session locks
   it needs in sorted order, so it cannot deadlock with another batch.
-* ``ingest.DeferredBatch.lock``: a queued deferred batch against the writer sealing it.
+* ``session_state.DeferredBatch.lock``: a queued deferred batch against the writer sealing it.
 * ``counters.lock`` guards the in-memory counters (tiny critical sections). Counters are
   flushed to LMDB by a background thread every ``counter_flush_s`` and on close.
 * ``drafting``'s LRU of per-profile drafters has a leaf lock of its own.
@@ -85,15 +86,16 @@ from typing import Any
 
 from suffixcache.store import Store, Txn
 
+from ..common.config import CacheConfig, Limits
+from ..common.errors import FailedPrecondition, NotFound, ResourceExhausted
 from .budgets import NamespaceLimit, SessionBudgets
-from .config import CacheConfig, Limits
 from .corpus_docs import CorpusDocuments
 from .counters import SOURCES, Counters
 from .drafting import Drafting
-from .errors import FailedPrecondition, NotFound, ResourceExhausted
 from .ingest import AppendResult, Ingest
 from .namespace_drop import NamespaceParts, drop_namespace
-from .sessions import TAIL_KEEP, Session, SessionRegistry, Sessions
+from .session_state import TAIL_KEEP, Session, SessionRegistry
+from .sessions import Sessions
 from .trees import TreeIndex
 from .validation import KINDS, Validator
 
@@ -138,7 +140,7 @@ class Engine:
         self.cache_config = cache_config or CacheConfig()
         self.model_path: Path | None = None
         if tokenizer is None and model_path is not None:
-            from .model import Tokenizer, resolve_model_path
+            from ..model import Tokenizer, resolve_model_path
 
             self.model_path = resolve_model_path(model_path)
             tokenizer = Tokenizer(self.model_path)
@@ -154,7 +156,7 @@ class Engine:
         # Hooks for other daemon modules (metrics, corpus watcher): close hooks run first
         # thing in close(); ``observers`` (drafting.py) are called as fn(event, **fields).
         self.close_hooks: list[Any] = []
-        # The fleet (daemon/fleet.py): called as fn(txn, op, ns, **fields) inside the store
+        # The fleet (daemon/fleet/node.py): called as fn(txn, op, ns, **fields) inside the store
         # transaction of every ingest that reaches a global or corpus tree, so the entry it
         # queues for publication commits (or not) with the data.
         self.ingest_hook: Any = None
@@ -193,7 +195,8 @@ class Engine:
                                       self.namespaces)
         self._parts = NamespaceParts(self.store, self.cache, self.registry, self.counters,
                                      self.trees, self.ingest, self.budgets, self.namespaces)
-        # (ns, corpus sequence) -> document key; corpus_service.py indexes warmed files here.
+        # (ns, corpus sequence) -> document key; grpc_api/corpus_service.py indexes warmed
+        # files here.
         self._corpus_docs = self.trees.corpus_docs
 
         # Restart: sessions and counters now; the global and corpus trees now or in a thread.
@@ -261,7 +264,7 @@ class Engine:
         self.trees.remove(ns, kind, seq_ids)
 
     def _delete_sequences(self, seq_ids: list[int]) -> None:
-        # The fleet deletes what applying a peer's response evicted (daemon/fleet.py).
+        # The fleet deletes what applying a peer's response evicted (daemon/fleet/node.py).
         self.trees.delete_sequences(seq_ids)
 
     # ------------------------------------------------------------------ validation
@@ -435,7 +438,7 @@ class Engine:
                                   accepted_tokens)
 
     def _judged_step(self, *args: Any, **kwargs: Any) -> None:
-        # A step judged from an append goes through the attribute: daemon/metrics.py wraps
+        # A step judged from an append goes through the attribute: daemon/server/metrics.py wraps
         # record_step on the instance to count accepted lengths.
         self.record_step(*args, **kwargs)
 
@@ -467,7 +470,7 @@ class Engine:
         return self.namespaces.names()
 
     def drop_namespace(self, ns: str) -> dict[str, Any]:
-        """Delete a namespace and everything in it, durably (daemon/namespace_drop.py):
+        """Delete a namespace and everything in it, durably (daemon/engine/namespace_drop.py):
         {found, sessions, sequences, documents}."""
         return drop_namespace(self._parts, ns)
 

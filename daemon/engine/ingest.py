@@ -9,12 +9,10 @@ Interface (``Ingest``, one per Engine):
   durable one with the sessions' locks held;
 * ``append_deferred(sess, kind, tokens, lazy)``: a stream step with ``defer_commit`` (any
   kind but "response"), the session's lock held: the trees and the session follow now,
-  the write joins the session's queued ``DeferredBatch`` or queues a new one, and
+  the write joins the session's queued ``DeferredBatch`` (session_state.py) or queues a new one, and
   ``sess.last_commit`` says when it is durable (``sess.durable_tokens`` follows);
 * ``wait_commits(sess)``: wait for the session's queued commits (Unavailable when one
   failed: the session then refuses appends); ``check_write_error(sess)``;
-* ``end_batch(sess)``: stop the session's queued batch from growing (before any other
-  write of the session: close, a durable append).
 
 What an append does: a "generated" append adds to the session's pending response; a
 "response" append ends it, the pending tokens plus these becoming one sequence of the
@@ -36,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -45,15 +42,16 @@ from typing import TYPE_CHECKING, Any
 
 from suffixcache.store import DiskFullError, Store, StoreClosedError, Txn
 
+from ..common.errors import NotFound, ResourceExhausted, Unavailable
 from .drafting import accepted_along
-from .errors import NotFound, ResourceExhausted, Unavailable
+from .session_state import DeferredBatch
 
 if TYPE_CHECKING:
     from suffixcache import SuffixCache
 
     from .budgets import SessionBudgets
     from .counters import Counters
-    from .sessions import Session, SessionRegistry
+    from .session_state import Session, SessionRegistry
     from .trees import TreeIndex
 
 log = logging.getLogger("suffixd.engine")
@@ -69,60 +67,6 @@ class AppendResult:
     session_tokens: int
     accepted: int  # -1: no draft was pending
     seq_id: int | None = None  # the global-tree sequence a "response" append created
-
-
-class DeferredBatch:
-    """A session's deferred appends (kinds other than "response") queued as one store
-    write: the chunks they add, numbered when appended, and the session record after them.
-
-    Deferred steps arrive faster than commits: each used to queue a write of its own (a
-    chunk, the session record, a future and a callback per step, all run by the store's
-    writer thread while it holds the GIL). Now a step joins the session's batch while that
-    is still queued, extending its last chunk when the kind is the same, so a commit group
-    writes one chunk and one record per session however many steps it covers. The writer
-    seals the batch when it runs it; a step after that starts the next batch, queued behind
-    it, so the store sees the session's appends in order. Every step of a batch is durable
-    when the batch's future is done (sess.last_commit)."""
-
-    __slots__ = ("sess", "chunks", "open", "rec", "sealed", "lazy")
-
-    # Guards every batch's open/chunks/rec against the writer thread sealing it; held for
-    # a few dictionary and list operations only.
-    lock = threading.Lock()
-
-    def __init__(self, sess: Session, no: int, kind: str, tokens: list[int],
-                 lazy: bool) -> None:
-        self.sess = sess
-        self.lazy = lazy  # queued as a lazy store write (Store.submit)
-        self.chunks: list[tuple[int, str, list[int]]] = [(no, kind, tokens)]
-        self.open = True  # later deferred appends of the session may still join
-        # The session record to store: snapshot taken when the batch stops growing.
-        self.rec: dict[str, Any] | None = None
-        self.sealed: tuple[list[tuple[int, str, list[int]]], dict[str, Any]] | None = None
-
-    def close(self) -> None:
-        """Stop growing (with the batch lock held): the record as it is now is the one to
-        store, because the session's next writes are not part of this batch."""
-        if self.open:
-            self.open = False
-            self.rec = dict(self.sess.rec)
-            if self.sess.batch is self:
-                self.sess.batch = None
-
-    def write(self, t: Txn) -> int:
-        """The store job. Sealed on the first run, so a replayed transaction (map resize,
-        a failed group retried job by job) writes exactly the same thing."""
-        if self.sealed is None:
-            with DeferredBatch.lock:
-                self.close()
-                assert self.rec is not None
-                self.sealed = (self.chunks, self.rec)
-        chunks, rec = self.sealed
-        ns, sid = self.sess.ns, self.sess.id
-        for no, kind, toks in chunks:
-            t.put_chunk(ns, sid, no, kind, toks)
-        t.put_session(rec)
-        return int(rec["tokens"])
 
 
 class Ingest:
@@ -376,9 +320,3 @@ class Ingest:
                 f"({sess.write_error}); its stored content lacks acknowledged tokens: close "
                 "it and open another"
             )
-
-    @staticmethod
-    def end_batch(sess: Session) -> None:
-        with DeferredBatch.lock:
-            if sess.batch is not None:
-                sess.batch.close()

@@ -20,6 +20,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .session_state import end_batch
+
 if TYPE_CHECKING:
     from suffixcache import SuffixCache
     from suffixcache.store import Store
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from .budgets import NamespaceLimit, SessionBudgets
     from .counters import Counters
     from .ingest import Ingest
-    from .sessions import SessionRegistry
+    from .session_state import SessionRegistry
     from .trees import TreeIndex
 
 
@@ -49,7 +51,7 @@ def drop_namespace(p: NamespaceParts, ns: str) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         for s in sessions:
             stack.enter_context(s.lock)
-            p.ingest.end_batch(s)
+            end_batch(s)
         for s in sessions:
             with contextlib.suppress(Exception):  # a failed one: its records go anyway
                 p.ingest.wait_commits(s)

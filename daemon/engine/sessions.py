@@ -1,23 +1,16 @@
-"""Open sessions: the registry, and their life (open, close, idle expiry, start-up load).
+"""The life of open sessions: open, close, idle expiry, start-up load. Their state
+(``Session``, ``SessionRegistry``) is in session_state.py.
 
 Interface:
 
-* ``Session``: one open session's in-memory state (its store record ``rec``, the tail kept
-  for drafting, the pending response, the last draft, the deferred-commit state that
-  ``ingest.py`` maintains) and its ``lock``;
-* ``SessionRegistry`` (no I/O): ``get(ns, sid)`` (validated lookup, NotFound),
-  ``add(sess)`` (the per-namespace and namespace-count limits), ``remove(ns, sid)``,
-  ``sessions(ns)``, ``idle(now, ttl)``, ``snapshot()`` and ``live(keys)`` for the counters,
-  ``load(sess)`` at start-up;
 * ``Sessions``: ``open``, ``close``, ``close_locked`` (the caller holds the session's
   lock), ``infos`` (the list of open sessions), ``describe``, ``tail``, ``expire_idle``
   (and ``reap_loop``, the ``suffixd-session-reaper`` thread), ``load`` (every stored
   session into the registry and its session tree, at start-up).
 
-Locks: ``SessionRegistry.lock`` guards the registry's two dictionaries and is held for
-dictionary operations only, never across I/O. ``Session.lock`` serialises a session's
-writes: ``open`` holds it until the session is durable (nobody can use it before),
-``close`` while the close commits and the trees follow; appends hold it too (ingest.py).
+Locks: ``Session.lock`` serialises a session's writes: ``open`` holds it until the
+session is durable (nobody can use it before), ``close`` while the close commits and the
+trees follow; appends hold it too (ingest.py).
 
 Durability: ``open`` returns once the session record (and its initial "prompt" chunk) is
 committed; ``close`` once the record is deleted, a pending response stored as a global
@@ -32,154 +25,25 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from suffixcache.store import Store, Txn
 
-from .config import Limits
-from .errors import AlreadyExists, NotFound, ResourceExhausted
-from .validation import Validator
+from ..common.errors import NotFound
+from .session_state import TAIL_KEEP, Session, SessionRegistry, end_batch
 
 if TYPE_CHECKING:
     from suffixcache import SuffixCache
 
     from .budgets import NamespaceLimit
     from .counters import Counters
-    from .ingest import DeferredBatch, Ingest
+    from .ingest import Ingest
     from .trees import TreeIndex
 
 log = logging.getLogger("suffixd.engine")
 
-# Tokens of each session kept in Python for drafting without asking the tree for the
-# whole session; the drafter matches at most max_depth tokens back.
-TAIL_KEEP = 1024
-
 Publish = Callable[..., None]
-
-
-class Session:
-    __slots__ = (
-        "ns", "id", "rec", "tail", "pending", "last_draft", "lock", "closed", "last",
-        "durable_tokens", "last_commit", "write_error", "batch",
-    )
-
-    def __init__(self, ns: str, sid: str, rec: dict[str, Any]) -> None:
-        self.ns = ns
-        self.id = sid
-        self.rec = rec
-        self.tail: list[int] = []
-        self.pending: list[int] = []  # generated tokens of the response in progress
-        self.last_draft: Any = None
-        self.lock = threading.Lock()
-        self.closed = False
-        self.last = float(rec.get("last", time.time()))
-        # Deferred commits (step streams with defer_commit): the session length known
-        # committed, the latest queued commit, and the error of a failed one (the session
-        # then refuses appends: its trees hold tokens its store lost).
-        self.durable_tokens = int(rec.get("tokens", 0))
-        self.last_commit: Future[Any] | None = None
-        self.write_error: BaseException | None = None
-        # The session's queued deferred write that later deferred appends may still join
-        # (see ingest.DeferredBatch); None when there is none or it can no longer grow.
-        self.batch: DeferredBatch | None = None
-
-    def push_tail(self, tokens: Sequence[int]) -> None:
-        self.tail.extend(tokens)
-        if len(self.tail) > 2 * TAIL_KEEP:
-            del self.tail[: len(self.tail) - TAIL_KEEP]
-
-    def info(self) -> dict[str, Any]:
-        return {
-            "namespace": self.ns,
-            "session_id": self.id,
-            "metadata": dict(self.rec.get("meta", {})),
-            "tokens": int(self.rec.get("tokens", 0)),
-            "created_at": float(self.rec.get("created", 0.0)),
-            "last_active_at": self.last,
-            "responses": int(self.rec.get("n_responses", 0)),
-        }
-
-
-class SessionRegistry:
-    """The open sessions by (namespace, id), and how many each namespace has."""
-
-    def __init__(self, limits: Limits, validator: Validator) -> None:
-        self.limits = limits
-        self.validator = validator
-        self.lock = threading.Lock()
-        self._sessions: dict[tuple[str, str], Session] = {}
-        self._ns_sessions: dict[str, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    def get(self, ns: str, sid: str) -> Session:
-        self.validator.check_name("namespace", ns)
-        self.validator.check_name("session_id", sid)
-        with self.lock:
-            sess = self._sessions.get((ns, sid))
-        if sess is None:
-            raise NotFound(f"no open session {sid!r} in namespace {ns!r}")
-        return sess
-
-    def add(self, sess: Session) -> None:
-        """Register a new session, within the limits (AlreadyExists, ResourceExhausted)."""
-        ns, sid = sess.ns, sess.id
-        with self.lock:
-            if (ns, sid) in self._sessions:
-                raise AlreadyExists(f"session {sid!r} already exists in namespace {ns!r}")
-            n = self._ns_sessions.get(ns, 0)
-            if n >= self.limits.max_sessions_per_namespace:
-                raise ResourceExhausted(
-                    f"namespace {ns!r} has {n} open sessions; the limit is "
-                    f"{self.limits.max_sessions_per_namespace} (--max-sessions): close some "
-                    "first"
-                )
-            self._sessions[(ns, sid)] = sess
-            self._ns_sessions[ns] = n + 1
-
-    def load(self, sess: Session) -> None:
-        """Register a stored session at start-up (whatever the limits are now)."""
-        self._sessions[(sess.ns, sess.id)] = sess
-        self._ns_sessions[sess.ns] = self._ns_sessions.get(sess.ns, 0) + 1
-
-    def remove(self, ns: str, sid: str) -> None:
-        with self.lock:
-            self._sessions.pop((ns, sid), None)
-            n = self._ns_sessions.get(ns, 0) - 1
-            if n <= 0:
-                self._ns_sessions.pop(ns, None)
-            else:
-                self._ns_sessions[ns] = n
-
-    def has_namespace(self, ns: str) -> bool:
-        return ns in self._ns_sessions
-
-    def namespaces(self) -> set[str]:
-        with self.lock:
-            return set(self._ns_sessions)
-
-    def sessions(self, ns: str | None = None) -> list[Session]:
-        with self.lock:
-            return [s for (n, _), s in self._sessions.items() if not ns or n == ns]
-
-    def idle(self, now: float, ttl: float) -> list[Session]:
-        with self.lock:
-            return [s for s in self._sessions.values() if now - s.last > ttl]
-
-    def snapshot(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
-        """Open sessions per namespace, and each open session's length."""
-        with self.lock:
-            open_by_ns = dict(self._ns_sessions)
-            sess_tokens = {k: int(s.rec.get("tokens", 0)) for k, s in self._sessions.items()}
-        return open_by_ns, sess_tokens
-
-    def live(self, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
-        """The (ns, sid) keys still worth storing: namespaces ("" sid) and open sessions."""
-        with self.lock:
-            return {k for k in keys if k[1] == "" or k in self._sessions}
 
 
 class Sessions:
@@ -275,7 +139,7 @@ class Sessions:
 
     def close_locked(self, sess: Session, keep_responses: bool) -> dict[str, int]:
         ns, sid = sess.ns, sess.id
-        self.ingest.end_batch(sess)
+        end_batch(sess)
         pending = list(sess.pending)
         pending_seq: list[int] = []
 

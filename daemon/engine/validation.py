@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .config import Limits
-from .errors import InvalidArgument, ResourceExhausted
+from ..common.config import Limits
+from ..common.errors import InvalidArgument, ResourceExhausted
 
 KINDS = ("prompt", "tool", "response", "generated")
 

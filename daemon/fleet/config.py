@@ -1,5 +1,5 @@
 """A fleet node's configuration and its side of Redis: the connection, the key names,
-stream ids (the protocol is in daemon/fleet.py's docstring).
+stream ids (the protocol is in daemon/fleet/node.py's docstring).
 
 Interface: ``FleetConfig``; ``FleetError`` (a start-up problem: bad option, another
 tokenizer); ``redact(url)`` (the URL without credentials, for logs and status);

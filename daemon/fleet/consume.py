@@ -1,20 +1,20 @@
 """Consuming: the peers' entries from Redis into this node's trees and LMDB.
 
-``FleetConsumer`` is one of the rooms of ``Fleet`` (daemon/fleet.py), a mixin over the
+``FleetConsumer`` is one of the rooms of ``Fleet`` (daemon/fleet/node.py), a mixin over the
 node's shared state. It provides ``_consume_loop`` (the consumer thread: XREADs every
 namespace's stream after its position and applies the other nodes' entries; each
 entry's data and the new position commit in one transaction, so a node killed at any
 point resumes exactly after what it applied), ``_consume`` (one XREAD's result),
 ``_discover`` (namespaces new to this node, caught up from their snapshot when their
 stream was trimmed past our position) and the appliers ``_apply_evict`` and
-``_add_to_tree``, which the snapshot catch-up (daemon/fleet_snapshot.py) shares.
+``_add_to_tree``, which the snapshot catch-up (daemon/fleet/snapshot.py) shares.
 
 It keeps ``pos`` (namespace -> stream id handled), ``seen`` ((namespace, origin) ->
 highest outbox number handled), ``namespaces`` and the counters ``applied`` /
 ``skipped``. It uses from ``Fleet``: ``engine``, ``store``, ``cfg``, ``src``, ``r``,
 ``keys``, ``_redis_mod``, ``_stop``, the connection state (``joined``, ``_join``,
-``_up``, ``_down``), ``_housekeeping`` (daemon/fleet_status.py) and ``_load_snapshot``
-(daemon/fleet_snapshot.py).
+``_up``, ``_down``), ``_housekeeping`` (daemon/fleet/status.py) and ``_load_snapshot``
+(daemon/fleet/snapshot.py).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any
 from suffixcache.store_layout import unpack_tokens
 from suffixcache.store_records import Txn
 
-from . import fleet_outbox as outbox
-from .errors import EngineError
-from .fleet_config import FleetConfig, FleetError, RedisKeys, stream_id
+from ..common.errors import EngineError
+from . import outbox
+from .config import FleetConfig, FleetError, RedisKeys, stream_id
 
 log = logging.getLogger("suffixd.fleet")
 

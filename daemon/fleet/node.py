@@ -48,11 +48,11 @@ Status. Nodes heartbeat their lag, backlog and counts into ``<prefix>:<tag>:node
 report them.
 
 Where it lives. ``Fleet`` (here) holds one node's identity, its Redis connection and the
-threads; its rooms are mixins over that shared state: daemon/fleet_publish.py (the ingest
-hook and the publisher thread), daemon/fleet_consume.py (the consumer thread and the
-appliers), daemon/fleet_snapshot.py (trim and catch-up), daemon/fleet_status.py (the
-heartbeat, status and metrics). daemon/fleet_outbox.py is the LMDB state and the entry
-format, daemon/fleet_config.py the configuration and the Redis key names.
+threads; its rooms are mixins over that shared state: daemon/fleet/publish.py (the ingest
+hook and the publisher thread), daemon/fleet/consume.py (the consumer thread and the
+appliers), daemon/fleet/snapshot.py (trim and catch-up), daemon/fleet/status.py (the
+heartbeat, status and metrics). daemon/fleet/outbox.py is the LMDB state and the entry
+format, daemon/fleet/config.py the configuration and the Redis key names.
 
 Interface: ``Fleet(engine, FleetConfig(url, node_id, ...), client=None)`` (installs
 itself as ``engine.fleet`` and ``engine.ingest_hook``), ``start()``, ``close()``,
@@ -69,12 +69,12 @@ import threading
 from collections import deque
 from typing import Any
 
-from . import fleet_outbox as outbox
-from .fleet_config import FleetConfig, FleetError, RedisKeys, connect, redact
-from .fleet_consume import FleetConsumer
-from .fleet_publish import FleetPublisher
-from .fleet_snapshot import FleetSnapshots
-from .fleet_status import FleetStatusView
+from . import outbox
+from .config import FleetConfig, FleetError, RedisKeys, connect, redact
+from .consume import FleetConsumer
+from .publish import FleetPublisher
+from .snapshot import FleetSnapshots
+from .status import FleetStatusView
 
 log = logging.getLogger("suffixd.fleet")
 

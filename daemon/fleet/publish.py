@@ -1,6 +1,6 @@
 """Publishing: this node's ingests into its outbox, and the outbox into Redis.
 
-``FleetPublisher`` is one of the rooms of ``Fleet`` (daemon/fleet.py), a mixin over the
+``FleetPublisher`` is one of the rooms of ``Fleet`` (daemon/fleet/node.py), a mixin over the
 node's shared state. It provides ``_hook`` (``Engine.ingest_hook``: runs inside the
 ingest's LMDB transaction and writes the outbox entry there, so an entry exists exactly
 when its data committed) and ``_publish_loop`` (the publisher thread: XADDs the outbox
@@ -23,8 +23,8 @@ from typing import Any
 from suffixcache.store_layout import pack_tokens
 from suffixcache.store_records import Txn
 
-from . import fleet_outbox as outbox
-from .fleet_config import FleetConfig, FleetError, RedisKeys
+from . import outbox
+from .config import FleetConfig, FleetError, RedisKeys
 
 log = logging.getLogger("suffixd.fleet")
 

@@ -1,6 +1,6 @@
 """Snapshots: how a stream is trimmed, and how a node catches up past a trim.
 
-``FleetSnapshots`` is one of the rooms of ``Fleet`` (daemon/fleet.py), a mixin over the
+``FleetSnapshots`` is one of the rooms of ``Fleet`` (daemon/fleet/node.py), a mixin over the
 node's shared state; both methods run on the consumer thread, so nothing is applied
 meanwhile.
 
@@ -14,7 +14,7 @@ meanwhile.
 
 It uses from ``Fleet``: ``engine``, ``store``, ``src``, ``r``, ``keys``, ``_redis_mod``,
 ``pos``, the counters ``snapshots_loaded`` / ``snapshots_written``, and the appliers
-``_add_to_tree`` and ``_apply_evict`` (daemon/fleet_consume.py).
+``_add_to_tree`` and ``_apply_evict`` (daemon/fleet/consume.py).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any
 from suffixcache.store_layout import pack_tokens, unpack_tokens
 from suffixcache.store_records import Txn
 
-from . import fleet_outbox as outbox
-from .fleet_config import RedisKeys
+from . import outbox
+from .config import RedisKeys
 
 log = logging.getLogger("suffixd.fleet")
 

@@ -1,6 +1,6 @@
 """The fleet's view of itself: the heartbeat, lag, status and metrics.
 
-``FleetStatusView`` is one of the rooms of ``Fleet`` (daemon/fleet.py), a mixin over
+``FleetStatusView`` is one of the rooms of ``Fleet`` (daemon/fleet/node.py), a mixin over
 the node's shared state. It provides ``_housekeeping`` (each ``heartbeat_s`` on the
 consumer thread: discover namespaces, measure each one's lag, catch up past a trim,
 trim a stream grown past ``max_entries`` when this node is caught up, and heartbeat this
@@ -10,8 +10,8 @@ Stats RPC, ``suffixd stats [--fleet]``) and ``collector()`` (Prometheus gauges).
 It uses from ``Fleet``: ``store``, ``cfg``, ``node``, ``src``, ``url_shown``,
 ``tokenizer``, ``r``, ``keys``, the connection state (``redis_up``, ``last_error``,
 ``refused``), ``pos``, ``namespaces``, the counters, ``_discover``
-(daemon/fleet_consume.py), ``_load_snapshot`` and ``_write_snapshot``
-(daemon/fleet_snapshot.py).
+(daemon/fleet/consume.py), ``_load_snapshot`` and ``_write_snapshot``
+(daemon/fleet/snapshot.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from . import fleet_outbox as outbox
-from .fleet_config import FleetConfig, RedisKeys, stream_id
+from . import outbox
+from .config import FleetConfig, RedisKeys, stream_id
 
 
 class FleetStatusView:

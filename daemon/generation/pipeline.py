@@ -11,7 +11,7 @@ at every step (kind "generated", their commit queued) and the last ones are appe
 the namespace's global tree.
 
 The model is loaded on first use, or in the background at start-up
-(daemon/startup.py): a daemon used only for speculate/append never pays for it. The
+(daemon/server/startup.py): a daemon used only for speculate/append never pays for it. The
 draft model comes from ``engine.draft_model_path`` or the ``SUFFIXD_DRAFT_MODEL``
 environment variable.
 """
@@ -29,8 +29,8 @@ from typing import Any
 
 from suffixcache import CostProfile
 
+from ..common.errors import FailedPrecondition, NotFound
 from .chat import ChatRenderer
-from .errors import FailedPrecondition, NotFound
 from .verifier import Chunk, GenerateParams, Verifier
 
 log = logging.getLogger("suffixd.generate")
@@ -277,7 +277,7 @@ class Generation:
                     with self._seen_lock:
                         self._seen[(ns, sid)] = prompt + generated
                 yield chunk
-                hook = getattr(engine, "on_generate", None)  # metrics (daemon/metrics.py)
+                hook = getattr(engine, "on_generate", None)  # metrics (daemon/server/metrics.py)
                 if hook is not None and chunk.stats is not None:
                     hook(ns, chunk.stats)
         finally:

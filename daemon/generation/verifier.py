@@ -45,11 +45,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..model import extra_weight_buffers
 from .certify import Certification, TokenGap, token_gap
 from .cost_measure import CostMeasurement
 from .kv_slots import ContextOverflowError as ContextOverflowError  # raised by generate
 from .kv_slots import KvSlots, Slot
-from .model import extra_weight_buffers
 from .sampling import SamplingNoise, speculative_sample, target_probs
 
 

@@ -36,8 +36,8 @@ from suffixd.v1 import corpus_pb2, corpus_pb2_grpc
 
 from suffixcache.store import DiskFullError
 
-from .errors import EngineError, FailedPrecondition, InvalidArgument, ResourceExhausted
-from .logs import event
+from ..common.errors import EngineError, FailedPrecondition, InvalidArgument, ResourceExhausted
+from ..common.logs import event
 
 log = logging.getLogger("suffixd.corpus")
 

@@ -1,9 +1,9 @@
 """The Generator gRPC service: streamed generation through the colocated verifier.
 
-A thin front over daemon/generation.py (the same path the OpenAI-compatible HTTP
+A thin front over daemon/generation/pipeline.py (the same path the OpenAI-compatible HTTP
 endpoint uses): it converts a GenerateRequest into a GenerationRequest, maps the
 verifier's chunks onto GenerateChunk messages and errors onto gRPC status codes.
-GeneratorStatus reports the model's load phase (daemon/startup.py loads it in the
+GeneratorStatus reports the model's load phase (daemon/server/startup.py loads it in the
 background once serving, unless ``--model-load first-use``).
 """
 
@@ -22,10 +22,10 @@ from suffixd.v1 import generate_pb2_grpc as gpb_grpc
 
 from suffixcache.store import DiskFullError
 
-from .chat import ChatTemplateError
-from .errors import EngineError
-from .generation import Generation, GenerationRequest, Runtime
-from .verifier import ContextOverflowError
+from ..common.errors import EngineError
+from ..generation.chat import ChatTemplateError
+from ..generation.pipeline import Generation, GenerationRequest, Runtime
+from ..generation.verifier import ContextOverflowError
 
 log = logging.getLogger("suffixd.generate")
 

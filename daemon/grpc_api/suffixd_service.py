@@ -2,7 +2,7 @@
 
 Per-RPC work is kept to converting messages; everything else is the engine's.
 
-It runs on the daemon's grpc.aio server (daemon/loop_server.py, LoopServer). The hot path is
+It runs on the daemon's grpc.aio server (daemon/server/loop_server.py, LoopServer). The hot path is
 coroutines on the server's event loop, calling the engine directly (a step is ~50-70 us
 of CPU that never waits for I/O): SpeculateStream and Speculate without an append. A
 step that must be durable does not block the loop for its fsync: its commit is queued
@@ -34,8 +34,8 @@ from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
 
 from suffixcache.store import DiskFullError, StoreClosedError
 
-from .engine import Engine
-from .errors import EngineError, InvalidArgument, ResourceExhausted, Unavailable
+from ..common.errors import EngineError, InvalidArgument, ResourceExhausted, Unavailable
+from ..engine import Engine
 
 log = logging.getLogger("suffixd.service")
 
@@ -551,7 +551,7 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
 
 def register(server: Any, engine: Engine,
              max_streams: int = DEFAULT_MAX_STREAMS) -> list[str]:
-    """Add the servicer to the daemon's aio server (daemon/loop_server.py, LoopServer)."""
+    """Add the servicer to the daemon's aio server (daemon/server/loop_server.py, LoopServer)."""
     servicer = SuffixdServicer(engine, max_streams, getattr(server, "thread_pool", None))
     pb_grpc.add_SuffixdServicer_to_server(servicer, server)
     return [pb.DESCRIPTOR.services_by_name["Suffixd"].full_name]

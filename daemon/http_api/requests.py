@@ -18,11 +18,11 @@ from typing import Any
 
 from suffixcache.store import DiskFullError, StoreClosedError
 
-from .chat import ChatTemplateError
-from .errors import EngineError
-from .generation import MAX_TOKENS_LIMIT, GenerationRequest
+from ..common.errors import EngineError
+from ..generation.chat import ChatTemplateError
+from ..generation.pipeline import MAX_TOKENS_LIMIT, GenerationRequest
+from ..generation.verifier import ContextOverflowError
 from .session_finder import message_text
-from .verifier import ContextOverflowError
 
 log = logging.getLogger("suffixd.http")
 

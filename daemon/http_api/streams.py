@@ -18,9 +18,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from .generation import Generation, GenerationRequest
-from .openai_request import ApiError, api_error
-from .verifier import Chunk
+from ..generation.pipeline import Generation, GenerationRequest
+from ..generation.verifier import Chunk
+from .requests import ApiError, api_error
 
 
 class Run:

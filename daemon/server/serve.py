@@ -1,11 +1,11 @@
 """`suffixd serve`: build the gRPC server, run it, shut it down.
 
-* ``run(cfg)``: checks what needs no model (daemon/startup.py), locks the data directory
-  and makes it owner-only (daemon/datadir.py), opens the Engine, joins the fleet, builds
+* ``run(cfg)``: checks what needs no model (daemon/server/startup.py), locks the data directory
+  and makes it owner-only (daemon/server/datadir.py), opens the Engine, joins the fleet, builds
   the server, starts the HTTP front, writes ``<data dir>/daemon.json`` (the pid and the
   bound addresses) once serving; on SIGTERM/SIGINT stops accepting, lets in-flight RPCs
   finish (grace period), then closes the engine (counters flushed, LMDB closed cleanly).
-* ``build_server(engine, cfg)``: one LoopServer (daemon/loop_server.py: a ``grpc.aio``
+* ``build_server(engine, cfg)``: one LoopServer (daemon/server/loop_server.py: a ``grpc.aio``
   server on an event loop of its own thread) with suffixd.v1.Suffixd, the standard health
   service, server reflection and the extra services listed in EXTRA_SERVICES (one line
   per daemon module), bound to the listeners: a Unix socket (default
@@ -13,8 +13,8 @@
   (``HOST:PORT``), which requires a bearer token unless ``insecure`` is set explicitly;
   optional TLS on TCP.
 
-The log lines are daemon/logs.py's (``configure``); the configuration (``ServeConfig``,
-``ServeError``, listeners) is daemon/serve_config.py.
+The log lines are daemon/common/logs.py's (``configure``); the configuration (``ServeConfig``,
+``ServeError``, listeners) is daemon/server/serve_config.py.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from ..common.config import default_socket_path
 from .auth import BearerTokenInterceptor
-from .config import default_socket_path
 from .datadir import DataDirLock, owner_only
 from .loop_server import LoopServer
 from .serve_config import Listener, ServeConfig, ServeError, parse_listen
@@ -51,11 +51,9 @@ log = logging.getLogger("suffixd.server")
 # and returns their full service names (for reflection and Info). A module that is not
 # present in this installation is skipped.
 EXTRA_SERVICES: list[str] = [
-    # "suffixd.daemon.verifier:register",
-    # "suffixd.daemon.corpus_service:register",
-    "suffixd.daemon.corpus_service:register",
-    "suffixd.daemon.metrics:register",
-    "suffixd.daemon.generate_service:register",
+    "suffixd.daemon.grpc_api.corpus_service:register",
+    "suffixd.daemon.server.metrics:register",
+    "suffixd.daemon.grpc_api.generate_service:register",
 ]
 # ---------------------------------------------------------------------------------------
 
@@ -107,7 +105,7 @@ def build_server(engine: Any, cfg: ServeConfig) -> tuple[LoopServer, list[Listen
 def _setup(server: LoopServer, engine: Any, cfg: ServeConfig,
            listeners: list[Listener]) -> list[Listener]:
     """Register every service on ``server`` and bind the listeners."""
-    from . import service
+    from ..grpc_api import suffixd_service as service
 
     names = service.register(server, engine, cfg.max_streams)
     for spec in EXTRA_SERVICES:
@@ -206,11 +204,11 @@ def freeze_startup_objects() -> None:
 
 
 def start_fleet(engine: Any, cfg: ServeConfig) -> None:
-    """--fleet: replicate the global and corpus trees through Redis (daemon/fleet.py)."""
+    """--fleet: replicate the global and corpus trees through Redis (daemon/fleet/node.py)."""
     import socket
 
-    from .fleet import Fleet
-    from .fleet_config import FleetConfig, FleetError
+    from ..fleet.config import FleetConfig, FleetError
+    from ..fleet.node import Fleet
 
     options = dict(cfg.extra.get("fleet_options") or {})
     try:
@@ -225,7 +223,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
     """Serve until SIGTERM/SIGINT. Raises ServeError for a start-up problem."""
     from suffixcache.store import TokenizerMismatchError
 
-    from .engine import Engine
+    from ..engine import Engine
 
     cfg.data_dir = Path(cfg.data_dir).expanduser()
     cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -270,7 +268,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         if cfg.extra.get("http"):
-            from .openai_api import start_http
+            from ..http_api.app import start_http
 
             try:
                 http = start_http(engine, str(cfg.extra["http"]), token=cfg.auth_token,

@@ -1,7 +1,7 @@
 """What `suffixd serve` is asked to do: its configuration and listeners, and the error
 that reports a start-up problem.
 
-Interface: ``ServeConfig`` (everything ``daemon/server.py:run`` needs), ``ServeError`` (a
+Interface: ``ServeConfig`` (everything ``daemon/server/serve.py:run`` needs), ``ServeError`` (a
 configuration or start-up problem, reported to the user as one clear line),
 ``Listener`` and ``parse_listen`` (``unix:PATH`` or ``HOST:PORT``).
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import CacheConfig, Limits
+from ..common.config import CacheConfig, Limits
 
 
 class ServeError(Exception):
@@ -30,7 +30,8 @@ class ServeConfig:
     tls_key: Path | None = None
     # Threads for the sync handlers (everything but the hot path, see LoopServer).
     max_workers: int = 32
-    # Open SpeculateStream calls at once (they run on the event loop; see daemon/service.py).
+    # Open SpeculateStream calls at once (they run on the event loop; see
+    # daemon/grpc_api/suffixd_service.py).
     max_streams: int = 64
     grace_s: float = 10.0
     limits: Limits = field(default_factory=Limits)

@@ -44,7 +44,7 @@ def preflight(cfg: ServeConfig) -> None:
         ports.append((f"{host}:{port}", "--metrics-addr"))
     http = cfg.extra.get("http")
     if http:
-        from .openai_api import _is_loopback, parse_http_addr
+        from ..http_api.app import _is_loopback, parse_http_addr
 
         try:
             host, port = parse_http_addr(str(http))
@@ -58,7 +58,7 @@ def preflight(cfg: ServeConfig) -> None:
     for addr, option in ports:
         _check_port_free(addr, option)
     if cfg.model is not None and str(cfg.model) not in ("", "default", "embedded"):
-        from .model import PACKAGED_MODELS, packaged_model_path
+        from ..model import PACKAGED_MODELS, packaged_model_path
 
         if str(cfg.model) in PACKAGED_MODELS:
             try:
@@ -161,7 +161,7 @@ def _check_port_free(addr: str, option: str) -> None:
 def check_draft_vocabulary(engine: Any, path: Path) -> None:
     """Refuses a draft model whose vocabulary differs from the target's (its drafts
     would be token ids of another tokenizer)."""
-    from .model import Tokenizer
+    from ..model import Tokenizer
 
     target = getattr(engine, "tokenizer", None)
     if target is None:
