@@ -26,6 +26,7 @@ _BUILTIN_BY_ARCH = {
 }
 
 VALID_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+_TOOL_KEYS = ("tool_calls", "tool_call_id", "name")
 
 
 class ChatTemplateError(ValueError):
@@ -55,7 +56,7 @@ class ChatRenderer:
             self.builtin = _BUILTIN_BY_ARCH.get(self.arch, "chatml")
 
     @staticmethod
-    def _check(messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+    def _check(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if not messages:
             raise ChatTemplateError("no messages")
         out = []
@@ -65,16 +66,21 @@ class ChatRenderer:
                 raise ChatTemplateError(f"message {i}: unknown role {role!r}")
             if not isinstance(content, str):
                 raise ChatTemplateError(f"message {i}: content must be a string")
-            out.append({"role": role, "content": content})
+            msg: dict[str, Any] = {"role": role, "content": content}
+            # what a Jinja template with tool support reads of tool-calling turns
+            msg.update({k: m[k] for k in _TOOL_KEYS if m.get(k)})
+            out.append(msg)
         return out
 
     def render(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
         msgs = self._check(messages)
         if self._formatter is not None:
             self._formatter.add_generation_prompt = add_generation_prompt
-            return self._formatter(messages=msgs).prompt  # type: ignore[arg-type]
+            return self._formatter(  # type: ignore[arg-type]
+                messages=msgs, tools=list(tools) if tools else None).prompt
         import llama_cpp
 
         arr = (llama_cpp.llama_chat_message * len(msgs))()
@@ -103,9 +109,10 @@ class ChatRenderer:
         )
 
     def tokens(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
-        text = self.render(messages, add_generation_prompt)
+        text = self.render(messages, add_generation_prompt, tools)
         # Control tokens written by the template are meant (<start_of_turn>, ...); the
         # same text inside a message is data: a user must not be able to close its turn
         # and open the model's. Such contents are tokenized on their own, as plain text.

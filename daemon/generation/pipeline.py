@@ -92,7 +92,9 @@ class GenerationRequest:
     session_id: str = ""  # empty: a one-off request (drafts from the namespace's trees)
     text: str | None = None
     tokens: list[int] | None = None
-    messages: list[Mapping[str, str]] | None = None
+    messages: list[Mapping[str, Any]] | None = None
+    tools: list[Mapping[str, Any]] | None = None  # for a chat template with tool support
+    grammar: str | None = None  # GBNF the output must match (grammar.py)
     add_bos: bool = True  # text prompts only
     max_tokens: int = 0  # 0: DEFAULT_MAX_TOKENS
     temperature: float = 0.0
@@ -117,6 +119,7 @@ class GenerationRequest:
             stop=list(self.stop),
             ignore_eos=self.ignore_eos,
             max_draft=min(self.max_draft_tokens or DEFAULT_DRAFT, MAX_DRAFT),
+            grammar=self.grammar,
         )
 
 
@@ -165,7 +168,7 @@ class Generation:
         elif req.tokens is not None:
             toks = [int(t) for t in req.tokens]
         else:
-            toks = rt.renderer.tokens(req.messages or [])
+            toks = rt.renderer.tokens(req.messages or [], tools=req.tools)
         if not toks:
             raise ValueError("empty prompt")
         if any(not 0 <= t < rt.verifier.vocab_size for t in toks):

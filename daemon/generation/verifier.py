@@ -48,9 +48,10 @@ import numpy as np
 from ..model import extra_weight_buffers
 from .certify import Certification, TokenGap, token_gap
 from .cost_measure import CostMeasurement
+from .grammar import Grammar, GrammarError, GrammarState, constrained_argmax
 from .kv_slots import ContextOverflowError as ContextOverflowError  # raised by generate
 from .kv_slots import KvSlots, Slot
-from .sampling import SamplingNoise, speculative_sample, target_probs
+from .sampling import SamplingNoise, race, speculative_sample, target_probs
 
 
 class DraftLike(Protocol):
@@ -77,6 +78,9 @@ class GenerateParams:
     max_draft: int = 32  # upper bound; the proposer decides how much of it pays off
     ignore_eos: bool = False
     record_gaps: bool = False  # per-token top-1/top-2 logit gaps, for lossless checks
+    # A GBNF grammar the output must match (grammar.py): drafts are cut where it forbids
+    # a token, and every position is chosen from the constrained target distribution.
+    grammar: str | None = None
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -144,6 +148,38 @@ def _draft_path(draft: Any) -> tuple[list[int], str]:
     if hasattr(draft, "path"):
         return [int(t) for t in draft.path()], str(getattr(draft, "source", "none"))
     return [int(t) for t in draft], "draft"
+
+
+def _greedy(rows: Sequence[np.ndarray], states: list[GrammarState], i: int) -> int:
+    if not states:
+        return int(np.argmax(rows[i]))
+    return constrained_argmax(rows[i], states[i])
+
+
+def _constrained_sample(
+    rows: Sequence[np.ndarray], path: list[int], states: list[GrammarState],
+    dist: Callable[[np.ndarray], np.ndarray], noise: SamplingNoise, start: int,
+    raw_race_ok: bool,
+) -> tuple[int, int]:
+    """``speculative_sample`` against the constrained target: row i's token is the race
+    winner of the distribution over what the grammar allows after ``path[:i]``. With the
+    same noise, a raw winner that the grammar allows wins the constrained race too (the
+    allowed weights are the raw ones, rescaled), so the full mask is needed only when it
+    does not (or when top-k/top-p make the constrained weights differ)."""
+    i = 0
+    while True:
+        u = noise.at(start + i)
+        tok = -1
+        if raw_race_ok:
+            tok = race(dist(rows[i]), u)
+            if not states[i].allows(tok):
+                tok = -1
+        if tok < 0:
+            tok = race(dist(states[i].mask(rows[i])), u)
+        if i < len(path) and tok == path[i]:
+            i += 1
+            continue
+        return i, tok
 
 
 class _LogitRows(Sequence[np.ndarray]):
@@ -373,6 +409,10 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         t_start = time.perf_counter()
         greedy = params.temperature == 0.0
         noise = None if greedy else SamplingNoise(params.seed, self.vocab_size)
+        state = Grammar(self, params.grammar).start() if params.grammar else None
+        # With top-k/top-p the constrained distribution is not the raw one renormalised
+        # over the allowed tokens, so the raw race winner says nothing: mask every row.
+        raw_race_ok = params.top_k == 0 and params.top_p >= 1.0
 
         def dist(row: np.ndarray) -> np.ndarray:
             return target_probs(row, params.temperature, params.top_k, params.top_p)
@@ -417,6 +457,17 @@ class Verifier(KvSlots, CostMeasurement, Certification):
             path = path[:k]
             if any(not 0 <= t < self.vocab_size for t in path):
                 raise ValueError("drafter proposed a token outside the vocabulary")
+            # states[i]: the grammar after path[:i]; a token it forbids ends the draft
+            states: list[GrammarState] = []
+            if state is not None:
+                states.append(state)
+                for i, t in enumerate(path):
+                    if not states[-1].allows(t):
+                        path = path[:i]
+                        break
+                    nxt_state = states[-1].copy()
+                    nxt_state.accept(t)
+                    states.append(nxt_state)
             if not path:
                 source = "none"
             batch = [pending, *path]
@@ -434,22 +485,33 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                 rows = _LogitRows(self, len(path) + 1)
                 if greedy:
                     accepted = 0
-                    nxt = int(np.argmax(rows[0]))
+                    nxt = _greedy(rows, states, 0)
                     while accepted < len(path) and path[accepted] == nxt:
                         accepted += 1
-                        nxt = int(np.argmax(rows[accepted]))
+                        nxt = _greedy(rows, states, accepted)
                     if params.record_gaps:
                         t_rec = time.perf_counter()
                         shape = tuple(batch)
                         for i in range(accepted + 1):
-                            g = token_gap(rows[i], path[i] if i < accepted else nxt)
+                            row = states[i].mask(rows[i]) if states else rows[i]
+                            g = token_gap(row, path[i] if i < accepted else nxt)
                             g.pos0, g.batch, g.row = n_past, shape, i
                             g.outputs = len(path) + 1
                             gaps.append(g)
                         stats.record_s += time.perf_counter() - t_rec
-                else:
+                elif not states:
                     assert noise is not None
                     accepted, nxt = speculative_sample(rows, path, dist, noise, generated)
+                else:
+                    assert noise is not None
+                    accepted, nxt = _constrained_sample(
+                        rows, path, states, dist, noise, generated, raw_race_ok)
+            if state is not None:
+                # the state after the accepted draft takes the verifier's own token
+                state = states[accepted]
+                if not state.allows(nxt):
+                    raise GrammarError("the grammar allows no token here (a dead end)")
+                state.accept(nxt)
             # Keep the evaluated pending token and the accepted draft; drop the rest.
             keep = n_past + 1 + accepted
             if keep < n_past + len(batch):
@@ -475,7 +537,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
             out: list[int] = []
             eog = False
             for tok in new:
-                if not params.ignore_eos and self.is_eog(tok):
+                # a grammar ends where the model ends it, ignore_eos or not
+                if (not params.ignore_eos or state is not None) and self.is_eog(tok):
                     finish = "stop"
                     eog = True
                     break

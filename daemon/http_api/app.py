@@ -60,6 +60,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..generation.grammar import Grammar, GrammarError
 from ..generation.pipeline import Generation, GenerationRequest
 from .requests import (
     ApiError,
@@ -71,6 +72,7 @@ from .requests import (
 )
 from .session_finder import SessionFinder
 from .streams import Run, completion_body, sse_events
+from .structured import RawReplies, ReplyShaper, Structure, parse_structure
 
 log = logging.getLogger("suffixd.http")
 
@@ -112,6 +114,7 @@ class OpenAIFront:
                  finder: SessionFinder | None = None) -> None:
         self.engine = engine
         self.generation = generation
+        self.replies = RawReplies()
         self.finder = finder or SessionFinder(
             ttl_s=getattr(getattr(engine, "limits", None), "session_idle_timeout_s", 0)
             or 24 * 3600.0)
@@ -224,10 +227,10 @@ class OpenAIFront:
         ns, sid = self._names(request)
         req = GenerationRequest(namespace=ns)
         apply_sampling(body, req)
+        structure = parse_structure(body, chat)
         messages: list[dict[str, Any]] | None = None
         if chat:
             messages = chat_messages(body)
-            req.messages = [render_message(m) for m in messages]
         else:
             completion_prompt(body, req)
         stream = bool(body.get("stream", False))
@@ -237,7 +240,8 @@ class OpenAIFront:
         # The model loads once (seconds on first use) and the prompt is tokenized
         # before anything is answered, so that their errors are a plain 4xx.
         loop = asyncio.get_running_loop()
-        prompt_tokens = await loop.run_in_executor(None, self._prepare, req)
+        prompt_tokens = await loop.run_in_executor(
+            None, self._prepare, req, structure, messages)
         found = False
         if chat and not sid:
             sid, found = self.finder.claim(ns, messages or [])
@@ -256,27 +260,51 @@ class OpenAIFront:
             raise
         meta = {"namespace": ns, "session": sid, "session_found": found}
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+        shaper = ReplyShaper(structure)
         if stream:
-            release = functools.partial(self.finder.release, ns, sid, messages) if auto \
-                else None
+            release = functools.partial(self._release, ns, sid, messages, shaper, auto)
             return StreamingResponse(
-                sse_events(run, first, rid, model, chat, include_usage, meta, release),
+                sse_events(run, first, rid, model, chat, include_usage, meta, release,
+                           shaper),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        text, last = first.text, first
+        last = first
+        shaper.feed(first.text)
+        message: dict[str, Any] | None = None
         try:
             while last.finish_reason is None:
                 last = await run.next()
-                text += last.text
+                shaper.feed(last.text)
+            message, finish = shaper.finish(last.finish_reason)
         finally:
             run.cancel()
-            if auto:
-                self.finder.release(ns, sid, messages, text if last.finish_reason else None)
-        return JSONResponse(completion_body(rid, model, chat, text, last, meta))
+            self._release(ns, sid, messages, shaper, auto, message)
+        return JSONResponse(completion_body(rid, model, chat, shaper.text, last, meta,
+                                            message=message, finish=finish))
 
-    def _prepare(self, req: GenerationRequest) -> list[int]:
+    def _release(self, ns: str, sid: str, messages: list[dict[str, Any]] | None,
+                 shaper: ReplyShaper, auto: bool, message: dict[str, Any] | None) -> None:
+        """The request ended (message None: it did not finish). The reply's raw text is
+        kept for when the client sends the reply back, and the session finder moves on."""
+        if message is not None and shaper.s.fmt is not None:
+            self.replies.put(message, shaper.text)
+        if auto:
+            self.finder.release(ns, sid, messages, message)
+
+    def _prepare(self, req: GenerationRequest, structure: Structure,
+                 messages: list[dict[str, Any]] | None) -> list[int]:
         rt = self.generation.runtime()
+        structure.settle(rt.renderer.template)
+        if messages is not None:
+            req.messages, req.tools = structure.messages(messages, self.replies,
+                                                         render_message)
+        req.grammar = structure.grammar()
+        if req.grammar is not None:
+            try:
+                Grammar(rt.verifier, req.grammar)
+            except GrammarError as exc:
+                raise ApiError(400, f"cannot constrain the output: {exc}") from exc
         toks = self.generation.prompt_tokens(req)
         if req.max_tokens == 0:
             room = rt.verifier.n_ctx - len(toks) - 1

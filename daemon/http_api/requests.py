@@ -43,7 +43,6 @@ _REFUSED_UNLESS_NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "best_of": lambda v: v in (None, 1),
     "echo": lambda v: v in (None, False),
     "suffix": lambda v: v in (None, ""),
-    "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
 }
 
 

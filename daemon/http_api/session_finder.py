@@ -62,7 +62,7 @@ def message_text(content: Any) -> str:
     return str(content)
 
 
-def _canonical(message: Mapping[str, Any]) -> bytes:
+def canonical_message(message: Mapping[str, Any]) -> bytes:
     calls = []
     for call in message.get("tool_calls") or ():
         fn = call.get("function") or {} if isinstance(call, Mapping) else {}
@@ -85,7 +85,7 @@ def digests(namespace: str, messages: Sequence[Mapping[str, Any]]) -> list[bytes
     h = hashlib.blake2b(namespace.encode("utf-8"), digest_size=16).digest()
     out = []
     for m in messages:
-        h = hashlib.blake2b(h + _canonical(m), digest_size=16).digest()
+        h = hashlib.blake2b(h + canonical_message(m), digest_size=16).digest()
         out.append(h)
     return out
 
@@ -156,8 +156,10 @@ class SessionFinder:
         return key
 
     def release(self, namespace: str, session_id: str,
-                messages: Sequence[Mapping[str, Any]] | None, reply: str | None) -> None:
-        """The request ended. With its messages and the reply it got, the session's heads
+                messages: Sequence[Mapping[str, Any]] | None,
+                reply: str | Mapping[str, Any] | None) -> None:
+        """The request ended. With its messages and the reply it got (its text, or the
+        assistant message with its tool calls), the session's heads
         move to this request; without (an error, a disconnect) they stay where they were,
         so a retry of the same turn continues the session."""
         key = (namespace, session_id)
@@ -170,7 +172,9 @@ class SessionFinder:
             self._by_session.move_to_end(key)
             if messages is None or reply is None:
                 return
-            ds = digests(namespace, [*messages, {"role": "assistant", "content": reply}])
+            message = {"role": "assistant", "content": reply} if isinstance(reply, str) \
+                else reply
+            ds = digests(namespace, [*messages, message])
             self._unindex(key, entry)
             entry.prompt_head, entry.reply_head = ds[-2], ds[-1]
             self._by_reply[(namespace, entry.reply_head)] = key

@@ -21,6 +21,7 @@ from typing import Any
 from ..generation.pipeline import Generation, GenerationRequest
 from ..generation.verifier import Chunk
 from .requests import ApiError, api_error
+from .structured import ReplyShaper
 
 
 class Run:
@@ -68,12 +69,15 @@ class Run:
 
 
 def completion_body(rid: str, model: str, chat: bool, text: str, last: Chunk,
-                    meta: dict[str, Any]) -> dict[str, Any]:
-    """The JSON body of an answer that is not streamed."""
-    finish = last.finish_reason or "stop"
+                    meta: dict[str, Any], message: dict[str, Any] | None = None,
+                    finish: str | None = None) -> dict[str, Any]:
+    """The JSON body of an answer that is not streamed (``message``: the chat reply as
+    parsed, with its tool calls; ``finish`` its finish reason)."""
+    finish = finish or last.finish_reason or "stop"
     if chat:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None,
-                                  "message": {"role": "assistant", "content": text}}
+        choice: dict[str, Any] = {
+            "index": 0, "finish_reason": finish, "logprobs": None,
+            "message": message or {"role": "assistant", "content": text}}
     else:
         choice = {"index": 0, "finish_reason": finish, "logprobs": None, "text": text}
     return {
@@ -85,11 +89,14 @@ def completion_body(rid: str, model: str, chat: bool, text: str, last: Chunk,
 
 async def sse_events(run: Run, first: Chunk, rid: str, model: str, chat: bool,
                      include_usage: bool, meta: dict[str, Any],
-                     release: Callable[[str | None], None] | None) -> AsyncIterator[bytes]:
+                     release: Callable[[dict[str, Any] | None], None] | None,
+                     shaper: ReplyShaper) -> AsyncIterator[bytes]:
     """The server-sent events of a streamed answer, from its first chunk on, ending in
     ``data: [DONE]``; an error after the headers goes in the stream as an error object.
-    At the end the run is cancelled and ``release`` (when given) gets the whole text,
-    or None when the answer did not finish."""
+    Content is released as ``shaper`` allows (with tools: up to where a call may begin);
+    the tool calls go out at the end as ``delta.tool_calls``, as OpenAI streams them (the
+    id and name first, then the arguments). At the end the run is cancelled and
+    ``release`` (when given) gets the reply message, or None when it did not finish."""
     created = int(time.time())
     obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -98,32 +105,40 @@ async def sse_events(run: Run, first: Chunk, rid: str, model: str, chat: bool,
                    "choices": choices, **extra}
         return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
-    def choice(text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
+    def choice(text: str, finish: str | None, first: bool = False,
+               calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         if chat:
             delta: dict[str, Any] = {"content": text}
             if first:
                 delta["role"] = "assistant"
+            if calls:
+                delta = {"tool_calls": calls}
             return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
         return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
 
-    text = ""
     chunk: Chunk | None = first
-    done = False
+    message: dict[str, Any] | None = None
     try:
         if chat:
             yield event([choice("", None, first=True)])
         while chunk is not None:
-            text += chunk.text
+            piece = shaper.feed(chunk.text)
             final = chunk.finish_reason is not None
-            if chunk.text or final:
-                extra: dict[str, Any] = {}
-                if final:
-                    extra["suffixd"] = draft_stats(chunk, meta)
-                yield event([choice(chunk.text, chunk.finish_reason)], **extra)
+            if piece and not final:
+                yield event([choice(piece, None)])
             if final:
+                message, finish = shaper.finish(chunk.finish_reason)
+                piece += shaper.unsent(message)
+                for i, call in enumerate(message.get("tool_calls") or ()):
+                    fn = call["function"]
+                    yield event([choice("", None, calls=[
+                        {"index": i, "id": call["id"], "type": "function",
+                         "function": {"name": fn["name"], "arguments": ""}}])])
+                    yield event([choice("", None, calls=[
+                        {"index": i, "function": {"arguments": fn["arguments"]}}])])
+                yield event([choice(piece, finish)], suffixd=draft_stats(chunk, meta))
                 if include_usage:
                     yield event([], usage=usage(chunk))
-                done = True
                 break
             try:
                 chunk = await run.next()
@@ -135,7 +150,7 @@ async def sse_events(run: Run, first: Chunk, rid: str, model: str, chat: bool,
     finally:
         run.cancel()
         if release is not None:
-            release(text if done else None)
+            release(message)
 
 
 def usage(last: Chunk) -> dict[str, Any]:

@@ -1,0 +1,153 @@
+"""Constrained decoding: a GBNF grammar (llama.cpp's) over one model's vocabulary.
+
+``Grammar(verifier, gbnf)`` compiles the grammar with llama.cpp's own grammar sampler
+(``llama_sampler_init_grammar``), so the language it accepts is exactly llama-server's
+for the same grammar; a JSON schema becomes GBNF with llama-cpp-python's
+``json_schema_to_gbnf`` (``grammar_for_schema``), the converter llama.cpp ships too.
+
+A ``GrammarState`` is the grammar after some generated tokens: ``allows(token)`` (one
+candidate checked, microseconds), ``mask(logits)`` (every token checked: the constrained
+distribution's logits, forbidden tokens at -inf; tens of milliseconds on a 262k
+vocabulary), ``accept(token)`` and ``copy()``. The verifier keeps one state per drafted
+position, so a draft token the grammar forbids ends the draft before it is verified, and
+each row is judged against the constrained target (see ``constrained_argmax`` and
+``Verifier._generate``).
+
+llama.cpp aborts the process when a token its grammar rejects is accepted, so ``accept``
+refuses such a token itself (``GrammarError``) instead of handing it over.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from typing import Any
+
+import numpy as np
+
+# llama_token_data {id: int32, logit: float, p: float}, as numpy sees an array of them.
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+class GrammarError(ValueError):
+    """A grammar that does not compile, or a token it cannot take."""
+
+
+def grammar_for_schema(schema: dict[str, Any]) -> str:
+    """GBNF for the JSON texts that validate against ``schema`` (a JSON-schema object)."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        return str(json_schema_to_gbnf(json.dumps(schema)))
+    except Exception as exc:  # the converter raises bare Exceptions on what it lacks
+        raise GrammarError(f"cannot turn the JSON schema into a grammar: {exc}") from exc
+
+
+def json_grammar() -> str:
+    """Any JSON object (``response_format: json_object``)."""
+    return grammar_for_schema({"type": "object"})
+
+
+class Grammar:
+    """A compiled grammar; ``start()`` gives its initial state. Compiling is cheap (the
+    GBNF is parsed once per state chain), so one per request is fine."""
+
+    def __init__(self, verifier: Any, gbnf: str, root: str = "root") -> None:
+        import llama_cpp
+
+        self._ll = llama_cpp
+        self._verifier = verifier
+        self.gbnf = gbnf
+        self.root = root
+        self._is_eog = verifier.is_eog
+        self.vocab_size = int(verifier.vocab_size)
+        # Sanity: llama.cpp logs a parse error and returns NULL rather than raising.
+        probe = self._new()
+        llama_cpp.llama_sampler_free(probe)
+
+    def _new(self) -> Any:
+        smpl = self._ll.llama_sampler_init_grammar(
+            self._verifier._vocab, self.gbnf.encode("utf-8"), self.root.encode("utf-8"))
+        if not smpl:
+            raise GrammarError("the grammar does not parse (llama.cpp's GBNF)")
+        return smpl
+
+    def start(self) -> GrammarState:
+        return GrammarState(self, self._new())
+
+
+class GrammarState:
+    """The grammar after the tokens accepted so far. Not thread-safe: one per generation."""
+
+    __slots__ = ("grammar", "_smpl", "_one", "_one_arr", "_done")
+
+    def __init__(self, grammar: Grammar, smpl: Any) -> None:
+        ll = grammar._ll
+        self.grammar = grammar
+        self._smpl = smpl
+        self._one = (ll.llama_token_data * 1)()
+        self._one_arr = ll.llama_token_data_array(
+            data=self._one, size=1, selected=-1, sorted=False)
+        self._done = False  # an end-of-generation token was allowed and taken
+
+    def __del__(self) -> None:
+        smpl, self._smpl = getattr(self, "_smpl", None), None
+        if smpl:
+            self.grammar._ll.llama_sampler_free(smpl)
+
+    def copy(self) -> GrammarState:
+        other = GrammarState(self.grammar, self.grammar._ll.llama_sampler_clone(self._smpl))
+        other._done = self._done
+        return other
+
+    def allows(self, token: int) -> bool:
+        if self._done:
+            return False
+        self._one[0].id = token
+        self._one[0].logit = 0.0
+        self._one[0].p = 0.0
+        self._one_arr.size = 1
+        self._one_arr.selected = -1
+        self.grammar._ll.llama_sampler_apply(self._smpl, ctypes.byref(self._one_arr))
+        return bool(self._one[0].logit != -np.inf)
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` with every token the grammar forbids here set to -inf (a copy)."""
+        n = self.grammar.vocab_size
+        data = np.empty(n, dtype=_TOKEN_DATA)
+        data["id"] = np.arange(n, dtype=np.int32)
+        data["logit"] = logits[:n]
+        data["p"] = 0.0
+        ll = self.grammar._ll
+        arr = ll.llama_token_data_array(
+            data=data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)),
+            size=n, selected=-1, sorted=False)
+        if self._done:
+            data["logit"] = -np.inf
+        else:
+            ll.llama_sampler_apply(self._smpl, ctypes.byref(arr))
+        # the sampler may shrink or reorder nothing (it only writes -inf), but read by id
+        out = np.full(n, -np.inf, dtype=np.float32)
+        live = data[: int(arr.size)]
+        out[live["id"]] = live["logit"]
+        return out
+
+    def accept(self, token: int) -> None:
+        if not self.allows(token):
+            raise GrammarError(f"token {token} is not allowed by the grammar here")
+        if self.grammar._is_eog(token):
+            # llama.cpp takes an end-of-generation token only where the grammar is
+            # complete; nothing may follow it.
+            self._done = True
+            return
+        self.grammar._ll.llama_sampler_accept(self._smpl, token)
+
+
+def constrained_argmax(row: np.ndarray, state: GrammarState) -> int:
+    """The greedy choice of the constrained target: the raw argmax when the grammar
+    allows it (the usual case: one candidate checked), else the argmax of the masked
+    row (every token checked)."""
+    best = int(np.argmax(row))
+    if state.allows(best):
+        return best
+    return int(np.argmax(state.mask(row)))

@@ -1,0 +1,355 @@
+"""Tool calls and structured output of one request: ``tools``, ``tool_choice``,
+``parallel_tool_calls`` and ``response_format``, from the request body to the reply.
+
+Interface:
+
+* ``parse_structure(body, chat)`` -> ``Structure`` (400s for what is malformed);
+* ``Structure.settle(template)`` once the model is known: the call format its chat
+  template writes (tool_calls.py: Hermes/Qwen, Llama 3.x JSON, Mistral, or the generic
+  JSON format for templates without tool support, the embedded gemma-3 among them);
+* ``Structure.messages(messages, replies)`` -> the messages (and ``tools``) the chat
+  template renders; ``Structure.grammar()`` -> the GBNF that constrains the output, or
+  None;
+* ``ReplyShaper``: the generated text into what the client gets: content released while
+  streaming only up to where a call may begin, then the parsed message (``tool_calls``,
+  ``finish_reason: "tool_calls"``);
+* ``RawReplies``: what the model wrote for each reply it served, so that the reply,
+  sent back in the history as parsed calls, renders as the very tokens the session's KV
+  cache and suffix tree already hold.
+
+When calls are constrained (as llama-server does it): the generic format always (the
+output is one JSON object: ``tool_call(s)``, or ``response`` unless a call is required);
+a native format when ``tool_choice`` is ``required`` or names a function (the format's
+call markers around schema-valid call JSON). ``response_format`` ``json_object`` /
+``json_schema`` constrains the output to JSON (matching the schema).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..generation.grammar import GrammarError, grammar_for_schema, json_grammar
+from .requests import ApiError
+from .session_finder import canonical_message, message_text
+from .tool_calls import (
+    GENERIC,
+    HERMES,
+    LLAMA3_JSON,
+    MISTRAL,
+    ToolCall,
+    ToolFormat,
+    call_id,
+    detect_format,
+)
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+MAX_TOOLS = 128
+
+
+@dataclass
+class Structure:
+    functions: list[dict[str, Any]] = field(default_factory=list)  # OpenAI function objects
+    choice: str = "auto"  # "none" | "auto" | "required" | "named"
+    named: str = ""
+    parallel: bool = True
+    response_schema: dict[str, Any] | None = None  # json_object: {"type": "object"}
+    fmt: ToolFormat | None = None  # set by settle() when calls are expected
+
+    @property
+    def calls_expected(self) -> bool:
+        return bool(self.functions) and self.choice != "none"
+
+    @property
+    def active(self) -> bool:
+        return self.calls_expected or self.response_schema is not None
+
+    def settle(self, chat_template: str) -> None:
+        if self.calls_expected:
+            self.fmt = detect_format(chat_template)
+
+    # ------------------------------------------------------------------ rendering
+    def messages(self, messages: Sequence[Mapping[str, Any]], replies: RawReplies,
+                 render_plain: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """The messages for the chat template, and the ``tools`` it gets (native formats;
+        the generic format lists them in the system message instead)."""
+        if self.fmt is None:
+            return [render_plain(m) for m in messages], None
+        generic = self.fmt is GENERIC
+        names_by_id: dict[str, str] = {}
+        out: list[dict[str, Any]] = []
+        for m in messages:
+            role = "system" if m["role"] == "developer" else m["role"]
+            text = message_text(m.get("content"))
+            if role == "assistant":
+                calls = _calls_of(m)
+                for c in calls:
+                    names_by_id[c.id] = c.name
+                raw = replies.get(m)
+                if raw is not None:
+                    out.append({"role": "assistant", "content": raw})
+                elif generic:
+                    out.append({"role": "assistant", "content": GENERIC.render(calls, text)})
+                elif calls:
+                    out.append({"role": "assistant", "content": text, "tool_calls": [
+                        {"id": c.id, "type": "function",
+                         "function": {"name": c.name, "arguments": _json_or_text(c.arguments)}}
+                        for c in calls]})
+                else:
+                    out.append({"role": "assistant", "content": text})
+            elif role == "tool":
+                cid = str(m.get("tool_call_id") or "")
+                name = str(m.get("name") or names_by_id.get(cid, ""))
+                if generic:  # a template without a tool role: the result as the user's turn
+                    out.append({"role": "user", "content": json.dumps(
+                        {"tool_response": {"tool": name, "tool_call_id": cid, "content": text}},
+                        ensure_ascii=False)})
+                else:
+                    out.append({"role": "tool", "content": text, "tool_call_id": cid,
+                                "name": name})
+            else:
+                out.append({"role": role, "content": text})
+        if not generic:
+            return out, [{"type": "function", "function": f} for f in self.functions]
+        prompt = GENERIC.system_prompt(self.functions, self.parallel)
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{prompt}"}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+        return out, None
+
+    # ------------------------------------------------------------------ grammar
+    def grammar(self) -> str | None:
+        try:
+            if self.response_schema is not None:
+                if self.response_schema == {"type": "object"}:
+                    return json_grammar()
+                return grammar_for_schema(self.response_schema)
+            if self.fmt is None:
+                return None
+            fns = [f for f in self.functions if self.choice != "named" or f["name"] == self.named]
+            required = self.choice in ("required", "named")
+            if self.fmt is GENERIC:
+                return grammar_for_schema(
+                    GENERIC.json_schema(fns, required=required, parallel=self.parallel))
+            if not required:
+                return None  # auto: the model may answer in prose; its calls are parsed
+            call = grammar_for_schema(
+                self.fmt.json_schema(fns, required=True, parallel=self.parallel))
+            return _wrap_calls(self.fmt, call, self.parallel)
+        except (GrammarError, ValueError) as exc:
+            raise ApiError(400, f"cannot constrain the output: {exc}",
+                           param="tools" if self.response_schema is None
+                           else "response_format") from exc
+
+
+def _wrap_calls(fmt: ToolFormat, call_gbnf: str, parallel: bool) -> str:
+    """A native format's calls around the call object's grammar: Hermes repeats its tags
+    per call, Mistral lists the calls in one array, Llama 3 separates them with ';'."""
+    rules = re.sub(r"(?m)^root ::=", "call ::=", call_gbnf)
+    if fmt is HERMES:
+        item = f"{_lit(fmt.prefix)} call {_lit(fmt.suffix)}"
+        root = f"{item} ({_lit(chr(10))} {item})*" if parallel else item
+    elif fmt is MISTRAL:
+        more = ' ("," " "? call)*' if parallel else ""
+        root = f"{_lit(fmt.prefix)} call{more} {_lit(fmt.suffix)}"
+    elif fmt is LLAMA3_JSON:
+        root = 'call (";" " "? call)*' if parallel else "call"
+    else:  # pragma: no cover - the generic format has its own schema
+        raise ValueError(f"no call grammar for the {fmt.name} format")
+    return f"root ::= {root}\n{rules}"
+
+
+def _lit(text: str) -> str:
+    """A GBNF string literal."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") \
+        .replace("\r", "\\r").replace("\t", "\\t")
+    return f'"{escaped}"'
+
+
+def _json_or_text(arguments: str) -> Any:
+    # chat templates render arguments with |tojson: give them the object, as llama-server
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+def _calls_of(m: Mapping[str, Any]) -> list[ToolCall]:
+    calls = []
+    for c in m.get("tool_calls") or ():
+        fn = c.get("function") if isinstance(c, Mapping) else None
+        if isinstance(fn, Mapping):
+            calls.append(ToolCall(str(fn.get("name", "")), str(fn.get("arguments") or "{}"),
+                                  str(c.get("id") or "")))
+    return calls
+
+
+# ---------------------------------------------------------------------- the request
+def parse_structure(body: Mapping[str, Any], chat: bool) -> Structure:
+    s = Structure()
+    tools = body.get("tools")
+    if tools is not None:
+        if not chat:
+            raise ApiError(400, "'tools' is for chat completions", param="tools")
+        if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+            raise ApiError(400, f"'tools' must be a list of at most {MAX_TOOLS} tools",
+                           param="tools")
+        for i, t in enumerate(tools):
+            s.functions.append(_function(t, i))
+        names = [f["name"] for f in s.functions]
+        if len(set(names)) != len(names):
+            raise ApiError(400, "'tools' names a function twice", param="tools")
+    if body.get("functions") is not None:
+        raise ApiError(400, "'functions' is deprecated: use 'tools'", param="functions",
+                       code="unsupported_parameter")
+    choice = body.get("tool_choice")
+    if choice is None:
+        s.choice = "auto"
+    elif choice in ("none", "auto", "required"):
+        s.choice = choice
+    elif isinstance(choice, Mapping) and choice.get("type") == "function" and isinstance(
+            choice.get("function"), Mapping) and isinstance(choice["function"].get("name"), str):
+        s.choice, s.named = "named", choice["function"]["name"]
+        if s.named not in {f["name"] for f in s.functions}:
+            raise ApiError(400, f"'tool_choice' names '{s.named}', which is not in 'tools'",
+                           param="tool_choice")
+    else:
+        raise ApiError(400, "'tool_choice' must be 'none', 'auto', 'required' or "
+                       "{\"type\": \"function\", \"function\": {\"name\": ...}}",
+                       param="tool_choice")
+    if s.choice in ("required", "named") and not s.functions:
+        raise ApiError(400, f"'tool_choice' is '{s.choice}' but there are no 'tools'",
+                       param="tool_choice")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise ApiError(400, "'parallel_tool_calls' must be a boolean",
+                       param="parallel_tool_calls")
+    s.parallel = True if parallel is None else parallel
+    s.response_schema = _response_schema(body.get("response_format"))
+    if s.response_schema is not None and s.calls_expected:
+        raise ApiError(400, "'response_format' together with 'tools' is not supported: "
+                       "send one, or tool_choice 'none'", param="response_format",
+                       code="unsupported_parameter")
+    return s
+
+
+def _function(tool: Any, i: int) -> dict[str, Any]:
+    where = f"tools[{i}]"
+    if not isinstance(tool, Mapping) or tool.get("type", "function") != "function" \
+            or not isinstance(tool.get("function"), Mapping):
+        raise ApiError(400, f"{where} must be {{\"type\": \"function\", \"function\": {{...}}}}",
+                       param=where)
+    fn = tool["function"]
+    name = fn.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ApiError(400, f"{where}.function.name must be 1-64 letters, digits, '_', '-' "
+                       "or '.'", param=f"{where}.function.name")
+    out: dict[str, Any] = {"name": name}
+    if fn.get("description") is not None:
+        if not isinstance(fn["description"], str):
+            raise ApiError(400, f"{where}.function.description must be a string",
+                           param=f"{where}.function.description")
+        out["description"] = fn["description"]
+    params = fn.get("parameters")
+    if params is not None:
+        if not isinstance(params, Mapping):
+            raise ApiError(400, f"{where}.function.parameters must be a JSON schema object",
+                           param=f"{where}.function.parameters")
+        out["parameters"] = dict(params)
+    return out
+
+
+def _response_schema(fmt: Any) -> dict[str, Any] | None:
+    if fmt is None:
+        return None
+    if not isinstance(fmt, Mapping):
+        raise ApiError(400, "'response_format' must be an object", param="response_format")
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, Mapping) else None
+        if not isinstance(schema, Mapping):
+            raise ApiError(400, "'response_format.json_schema.schema' must be a JSON schema "
+                           "object", param="response_format")
+        return dict(schema)
+    raise ApiError(400, "'response_format.type' must be 'text', 'json_object' or "
+                   "'json_schema'", param="response_format")
+
+
+# ---------------------------------------------------------------------- the reply
+class ReplyShaper:
+    """The generated text as the client sees it. ``feed`` returns the content that may be
+    released now (streaming): all of it without tools, else only up to where a call may
+    begin. ``finish`` parses the whole text: the message and its finish reason."""
+
+    def __init__(self, structure: Structure) -> None:
+        self.s = structure
+        self.text = ""
+        self.sent = 0
+
+    def feed(self, piece: str) -> str:
+        self.text += piece
+        fmt = self.s.fmt
+        at = fmt.call_start(self.text) if fmt is not None else None
+        upto = len(self.text) if at is None else max(self.sent, at)
+        out = self.text[self.sent:upto]
+        self.sent = max(self.sent, upto)
+        return out
+
+    def finish(self, finish_reason: str | None) -> tuple[dict[str, Any], str]:
+        finish = finish_reason or "stop"
+        fmt = self.s.fmt
+        if fmt is None:
+            return {"role": "assistant", "content": self.text}, finish
+        parsed = fmt.parse(self.text, [f["name"] for f in self.s.functions])
+        if not parsed.calls:
+            return {"role": "assistant", "content": parsed.content}, finish
+        message = {"role": "assistant", "content": parsed.content or None, "tool_calls": [
+            {"id": c.id or call_id(), "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}}
+            for c in parsed.calls]}
+        return message, "tool_calls" if finish == "stop" else finish
+
+    def unsent(self, message: Mapping[str, Any]) -> str:
+        """The content still to stream once the message is known."""
+        content = message.get("content") or ""
+        return str(content)[self.sent:] if content.startswith(self.text[:self.sent]) \
+            else ""
+
+
+class RawReplies:
+    """Bounded map: a served reply (as the client will send it back) -> the text the
+    model wrote for it."""
+
+    def __init__(self, max_entries: int = 10_000) -> None:
+        self._lock = threading.Lock()
+        self._raw: OrderedDict[bytes, str] = OrderedDict()
+        self.max_entries = max_entries
+
+    @staticmethod
+    def _key(message: Mapping[str, Any]) -> bytes:
+        return hashlib.blake2b(canonical_message(message), digest_size=16).digest()
+
+    def put(self, message: Mapping[str, Any], raw: str) -> None:
+        key = self._key(message)
+        with self._lock:
+            self._raw[key] = raw
+            self._raw.move_to_end(key)
+            while len(self._raw) > self.max_entries:
+                self._raw.popitem(last=False)
+
+    def get(self, message: Mapping[str, Any]) -> str | None:
+        key = self._key(message)
+        with self._lock:
+            return self._raw.get(key)

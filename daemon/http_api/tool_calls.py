@@ -1,0 +1,693 @@
+"""Tool calls in a model's generated text: parsing them out, and writing them back.
+
+Interface: ``ToolCall`` (name, arguments as JSON text, id) and ``Parsed`` (content, calls);
+one ``ToolFormat`` per model family, each with ``parse(text, tool_names)``,
+``render(calls, content)``, ``call_start(text)`` (where streaming must stop releasing
+content), ``json_schema(tools, required=, parallel=)`` and the ``prefix``/``suffix`` text
+around one call (to build a grammar as prefix + call JSON + suffix); ``FORMATS`` (by name),
+``detect_format(chat_template)`` and ``call_id()``. The generic format also gives
+``system_prompt(tools, parallel)``. Standard library only: it knows nothing of the daemon.
+
+Formats (the ones llama.cpp's server, llama-server, parses for these families):
+
+- ``hermes`` (Qwen 2.5 / 3, Hermes 2 Pro; templates with ``<tool_call>``): content, then
+  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` per call. As llama.cpp
+  does it also reads the wrappers models write by mistake (``<function_call>``, ``<tools>``,
+  ``<tool>``, ``<response>``, ``<json>``, ``<JSON>``, ``<xml>``, each optionally inside a
+  Markdown code fence, plain or marked json or xml) when ``{"name"`` follows, and
+  ``<function=NAME>{...}</function>`` / ``<function name="NAME">``. A leading
+  ``<think>...</think>`` stays in the content and calls are looked for after it only.
+- ``llama3_json`` (Llama 3.1-3.3): the output is ``{"name": ..., "parameters": {...}}``
+  (``"arguments"`` accepted too), after an optional ``<|python_tag|>``; several calls
+  separated by ``;`` or newlines. Anything else is content.
+- ``mistral`` (templates with ``[TOOL_CALLS]``): ``[TOOL_CALLS][{"name", "arguments", "id"},
+  ...]``, or the newer ``[TOOL_CALLS]NAME[ARGS]{...}`` (``[CALL_ID]ID`` allowed before
+  ``[ARGS]``), after optional content.
+- ``generic`` (templates without tool support): the whole output is one JSON object,
+  ``{"tool_call": {...}}``, ``{"tool_calls": [...]}`` or ``{"response": "TEXT"}``; the model
+  is told so by ``system_prompt`` and held to it by the grammar of ``json_schema``.
+
+What llama.cpp does, read in ggml-org/llama.cpp (``common/chat-parser.cpp`` at 05e5139a)
+(``common_chat_parse_hermes_2_pro``; ``common_chat_parse_llama_3_1`` through
+``parse_json_tool_calls``; ``common_chat_parse_mistral_nemo`` through
+``parse_prefixed_json_tool_call_array``; ``common_chat_parse_generic``) and ``common/chat.cpp``
+(``common_chat_params_init_generic``, ``common_chat_templates_apply_jinja``):
+
+- Unknown function names: kept as calls. Every parser hands its calls to
+  ``common_chat_msg_parser::add_tool_call``, which refuses only an empty name; nothing
+  compares the name with the request's tools (the grammar built from the tools is what keeps
+  a model to their names). So ``tool_names`` does not filter here either: the caller gets the
+  call and decides.
+- Broken JSON after a marker: the parsers throw ``common_chat_msg_partial_exception``, and
+  ``common_chat_parse`` (for a finished output) drops the calls and re-reads the whole text as
+  content (``common_chat_parse_content_only``). Same here: no calls, the whole text as
+  content, nothing lost. A call of the wrong shape (no name, arguments not an object) counts
+  as broken too.
+- Generic shapes: ``tool_calls`` is looked at first, then ``tool_call``, then ``response``
+  (a non-string response is dumped as JSON, indent 2); anything else is content.
+
+Where this module parts from llama.cpp, on purpose: a missing closing tag at the very end of
+a hermes output is accepted (generation stopped on the call's last token; llama.cpp drops
+the call); llama3_json reads several calls (llama.cpp reads one and leaves the rest as
+content); a bare ``{"name": ...}`` object with no tag is not a hermes call (llama.cpp takes
+it, which turns any JSON the model shows as content into a call, and would hold back every
+``{`` while streaming); text after a mistral call array is content (llama.cpp fails the
+request: ``common_chat_msg_parser::finish``).
+
+Whitespace between content and a call is dropped (``render`` puts a newline there), so
+``call_start`` holds back trailing whitespace too: content released while streaming is always
+a prefix of the content ``parse`` gives for the whole output.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import secrets
+import string
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "FORMATS",
+    "GENERIC",
+    "HERMES",
+    "LLAMA3_JSON",
+    "MISTRAL",
+    "GenericFormat",
+    "HermesFormat",
+    "Llama3JsonFormat",
+    "MistralFormat",
+    "Parsed",
+    "ToolCall",
+    "ToolFormat",
+    "call_id",
+    "detect_format",
+]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text of an object; canonical: json.dumps(obj, ensure_ascii=False)
+    id: str = ""  # "" when the model wrote none
+
+
+@dataclass(frozen=True)
+class Parsed:
+    content: str  # the text that is not part of a call, markers removed; "" if none
+    calls: list[ToolCall]
+
+
+class _Malformed(Exception):
+    """A call began but is not one: the caller returns the whole text as content."""
+
+
+def _no_constant(name: str) -> Any:
+    # NaN/Infinity would be written back as non-JSON into function.arguments.
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def call_id() -> str:
+    """A fresh OpenAI-style tool call id."""
+    return "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _decode(text: str, pos: int) -> tuple[Any, int]:
+    """The JSON value that starts at pos, and where it ends."""
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except ValueError as exc:  # JSONDecodeError, or a NaN
+        raise _Malformed(str(exc)) from exc
+
+
+def _arguments(value: Any) -> str:
+    """The canonical JSON text of a call's arguments: an object, or a string holding one
+    (some models quote it); missing or empty means no arguments."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        value = {}
+    elif isinstance(value, str):
+        try:
+            value = _DECODER.decode(value.strip())
+        except ValueError as exc:
+            raise _Malformed("arguments are not JSON") from exc
+    if not isinstance(value, dict):
+        raise _Malformed("arguments are not an object")
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _call(obj: Any, args_keys: Sequence[str]) -> ToolCall:
+    """A ToolCall from a decoded {"name": ..., <args key>: ..., "id": ...} object."""
+    if not isinstance(obj, dict):
+        raise _Malformed("a call is not an object")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise _Malformed("a call has no name")
+    args = next((obj[key] for key in args_keys if key in obj), None)
+    cid = obj.get("id")
+    return ToolCall(name, _arguments(args), cid if isinstance(cid, str) else "")
+
+
+def _args_value(arguments: str) -> Any:
+    """A call's arguments as a JSON value to write back; text that is not JSON (a client may
+    send anything in its history) goes in as a string rather than failing the request."""
+    if not arguments.strip():
+        return {}
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+def _hold_from(text: str, floor: int, at: int) -> int | None:
+    """Where to stop releasing content, given the earliest place a call may start (``at``,
+    len(text) if none): whitespace before it is held too, since it is dropped when a call
+    follows."""
+    while at > floor and text[at - 1].isspace():
+        at -= 1
+    return None if at == len(text) else at
+
+
+def _partial_tail(text: str, marker: str) -> int:
+    """Where a proper prefix of marker ends the text (it may become the marker), else
+    len(text)."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return len(text) - k
+    return len(text)
+
+
+def _join_content(pieces: Sequence[str]) -> str:
+    """The content around calls. The first piece keeps its start (it may have been streamed
+    already); whitespace next to calls goes."""
+    parts = [pieces[0].rstrip(), *(piece.strip() for piece in pieces[1:])]
+    return "\n".join(part for part in parts if part)
+
+
+def _functions(tools: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The function objects of OpenAI ``tools`` entries (bare function objects accepted)."""
+    functions = []
+    for tool in tools:
+        fn = tool.get("function", tool)
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ValueError(f"a tool without a function name: {tool!r}")
+        functions.append(fn)
+    return functions
+
+
+def _parameters(fn: Mapping[str, Any]) -> dict[str, Any]:
+    params = fn.get("parameters")
+    return dict(params) if isinstance(params, Mapping) and params else {"type": "object"}
+
+
+class ToolFormat:
+    """How one model family writes tool calls. Subclasses set the class attributes and
+    implement parse, render and call_start."""
+
+    name: str = ""
+    prefix: str = ""  # the literal text before one call's JSON object
+    suffix: str = ""  # and after it
+    args_key: str = "arguments"  # the key holding the arguments in the call object
+
+    def parse(self, text: str, tool_names: Collection[str] | None = None) -> Parsed:
+        """The calls in a finished output and the content around them. ``tool_names`` is
+        accepted for the caller's convenience; calls to other names are kept, as
+        llama.cpp keeps them (module docstring)."""
+        raise NotImplementedError
+
+    def render(self, calls: Sequence[ToolCall], content: str = "") -> str:
+        """The text the model writes for these calls (and content, where the format has
+        room for it)."""
+        raise NotImplementedError
+
+    def call_start(self, text: str) -> int | None:
+        """In a partial output: the index from which text must be held back because a call
+        may have begun there (or the whitespace before one); None if all of it is content."""
+        raise NotImplementedError
+
+    def _call_schema(self, fn: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {"name": {"const": fn["name"]}, self.args_key: _parameters(fn)},
+            "required": ["name", self.args_key],
+            "additionalProperties": False,
+        }
+
+    def json_schema(
+        self, tools: Sequence[Mapping[str, Any]], *, required: bool, parallel: bool
+    ) -> dict[str, Any]:
+        """The JSON schema of ONE call object, any of the tools. ``required`` and
+        ``parallel`` belong to the text around calls (prefix, suffix, repetition), which the
+        grammar's builder writes; they change nothing here."""
+        branches = [self._call_schema(fn) for fn in _functions(tools)]
+        if not branches:
+            raise ValueError("no tools")
+        return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+    def __repr__(self) -> str:
+        return f"<ToolFormat {self.name}>"
+
+
+# --- hermes ------------------------------------------------------------------------------
+
+
+class _Slot(enum.Enum):
+    WS = "optional whitespace"
+    NAME = "a function name"
+
+
+_FULL, _PARTIAL, _NO = "full", "partial", "no"
+_NOT_NAME = frozenset('<>"')
+
+
+@dataclass(frozen=True)
+class _Opener:
+    """The text that opens one kind of call: literals and slots, matched left to right.
+    Matching reports "partial" when the text ends while it still fits (streaming must hold
+    it back)."""
+
+    elements: tuple[str | _Slot, ...]
+    closes: tuple[str, ...]  # literals after the JSON, each after optional whitespace
+    named: bool  # the name is in the tag and the JSON holds only the arguments
+
+    def match(self, text: str, pos: int) -> tuple[str, int, str]:
+        name = ""
+        for element in self.elements:
+            if element is _Slot.WS:
+                pos = _skip_ws(text, pos)
+                if pos == len(text):
+                    return _PARTIAL, pos, ""
+            elif element is _Slot.NAME:
+                start = pos
+                while pos < len(text) and not text[pos].isspace() and text[pos] not in _NOT_NAME:
+                    pos += 1
+                if pos == len(text):
+                    return _PARTIAL, pos, ""
+                if pos == start:
+                    return _NO, pos, ""
+                name = text[start:pos]
+            else:
+                assert isinstance(element, str)
+                chunk = text[pos : pos + len(element)]
+                if chunk == element:
+                    pos += len(element)
+                elif pos + len(chunk) == len(text) and element.startswith(chunk):
+                    return _PARTIAL, len(text), ""
+                else:
+                    return _NO, pos, ""
+        return _FULL, pos, name
+
+
+def _hermes_openers() -> tuple[_Opener, ...]:
+    # The wrappers llama.cpp's common_chat_parse_hermes_2_pro accepts. Only the real
+    # <tool_call> opens a call on "{" alone; the others need {"name" after them, as they
+    # also occur in ordinary content.
+    ws, brace, name = _Slot.WS, "{", '"name"'
+    openers = [_Opener(("<tool_call>", ws, brace), ("</tool_call>",), False)]
+    tags = ("<tool_call>", "<function_call>", "<tools>", "<tool>", "<response>", "<json>",
+            "<JSON>", "<xml>")
+    for tag in tags[1:]:
+        openers.append(_Opener((tag, ws, brace, ws, name), ("</" + tag[1:],), False))
+    for fence in ("```json\n", "```xml\n", "```\n"):
+        for tag in tags:
+            openers.append(
+                _Opener((fence, ws, tag, ws, brace, ws, name), ("</" + tag[1:], "```"), False)
+            )
+    openers.append(_Opener(("<function=", _Slot.NAME, ">"), ("</function>",), True))
+    openers.append(_Opener(('<function name="', _Slot.NAME, '">'), ("</function>",), True))
+    return tuple(openers)
+
+
+_THINK, _END_THINK = "<think>", "</think>"
+
+
+def _after_think(text: str) -> int:
+    """Where calls may start: after a leading <think> block (llama.cpp parses reasoning
+    first, so a <tool_call> written while thinking is not a call); -1 while it is open."""
+    lead = _skip_ws(text, 0)
+    if not text.startswith(_THINK, lead):
+        return 0
+    close = text.find(_END_THINK, lead + len(_THINK))
+    return -1 if close < 0 else close + len(_END_THINK)
+
+
+def _by_head(openers: Sequence[_Opener]) -> dict[str, tuple[_Opener, ...]]:
+    heads: dict[str, list[_Opener]] = {}
+    for opener in openers:
+        head = opener.elements[0]
+        assert isinstance(head, str)
+        heads.setdefault(head, []).append(opener)
+    # At most one head can match at a position only if none is a prefix of another.
+    assert not any(a != b and b.startswith(a) for a in heads for b in heads)
+    return {head: tuple(group) for head, group in heads.items()}
+
+
+class HermesFormat(ToolFormat):
+    name = "hermes"
+    prefix = "<tool_call>\n"
+    suffix = "\n</tool_call>"
+    _openers = _by_head(_hermes_openers())
+    # call_start runs on every streamed token: the regex engine finds the heads.
+    _heads = re.compile("|".join(re.escape(head) for head in _openers))
+
+    def _find(
+        self, text: str, pos: int, *, partial: bool
+    ) -> tuple[int, _Opener | None, int, str] | None:
+        """The first opener at or after pos: (start, opener, end, name); with partial, also
+        one the text ends inside (then opener is None)."""
+        for head in self._heads.finditer(text, pos):
+            at = head.start()
+            for opener in self._openers[head.group()]:
+                status, end, name = opener.match(text, at)
+                if status == _FULL:
+                    return at, opener, end, name
+                if status == _PARTIAL and partial:
+                    return at, None, end, name
+        if partial:
+            # A head cut short by the end of the text (none contains another, so no full
+            # head can lie after it).
+            at = min(_partial_tail(text, head) for head in self._openers)
+            if pos <= at < len(text):
+                return at, None, len(text), ""
+        return None
+
+    @staticmethod
+    def _read_call(text: str, at: int, opener: _Opener, end: int, name: str) -> tuple[
+        ToolCall, int
+    ]:
+        if opener.named:
+            args, pos = _decode(text, _skip_ws(text, end))
+            call = ToolCall(name, _arguments(args))
+        else:
+            obj, pos = _decode(text, text.rfind("{", at, end))
+            call = _call(obj, ("arguments", "parameters"))
+        for close in opener.closes:
+            pos = _skip_ws(text, pos)
+            if text.startswith(close, pos):
+                pos += len(close)
+            elif close.startswith(text[pos:]):
+                return call, len(text)  # the output stopped before (or inside) the close tag
+            else:
+                raise _Malformed(f"no {close} after a call")
+        return call, pos
+
+    def parse(self, text: str, tool_names: Collection[str] | None = None) -> Parsed:
+        search = _after_think(text)
+        if search < 0:
+            return Parsed(text, [])
+        pieces: list[str] = []
+        calls: list[ToolCall] = []
+        pos = 0
+        try:
+            while (found := self._find(text, search, partial=False)) is not None:
+                at, opener, end, name = found
+                assert opener is not None
+                pieces.append(text[pos:at])
+                call, pos = self._read_call(text, at, opener, end, name)
+                calls.append(call)
+                search = pos
+        except _Malformed:
+            return Parsed(text, [])
+        if not calls:
+            return Parsed(text, [])
+        pieces.append(text[pos:])
+        return Parsed(_join_content(pieces), calls)
+
+    def render(self, calls: Sequence[ToolCall], content: str = "") -> str:
+        # As the Qwen templates write an assistant turn: content, newline, one block a call.
+        blocks = [
+            self.prefix
+            + json.dumps({"name": c.name, "arguments": _args_value(c.arguments)},
+                         ensure_ascii=False)
+            + self.suffix
+            for c in calls
+        ]
+        return "\n".join([content, *blocks] if content else blocks)
+
+    def call_start(self, text: str) -> int | None:
+        floor = _after_think(text)
+        if floor < 0:
+            return None  # inside the think block: content, whatever it says
+        found = self._find(text, floor, partial=True)
+        return _hold_from(text, floor, len(text) if found is None else found[0])
+
+
+# --- llama3_json -------------------------------------------------------------------------
+
+_PYTHON_TAG = "<|python_tag|>"
+
+
+class Llama3JsonFormat(ToolFormat):
+    name = "llama3_json"
+    args_key = "parameters"
+
+    def parse(self, text: str, tool_names: Collection[str] | None = None) -> Parsed:
+        calls: list[ToolCall] = []
+        pos = _skip_ws(text, 0)
+        try:
+            while True:
+                start = pos
+                if text.startswith(_PYTHON_TAG, pos):
+                    pos = _skip_ws(text, pos + len(_PYTHON_TAG))
+                if not text.startswith("{", pos):
+                    pos = start
+                    break
+                obj, pos = _decode(text, pos)
+                calls.append(_call(obj, ("parameters", "arguments")))
+                pos = _skip_ws(text, pos)
+                if text.startswith(";", pos):
+                    pos = _skip_ws(text, pos + 1)
+        except _Malformed:
+            return Parsed(text, [])
+        if not calls:
+            return Parsed(text, [])
+        # As llama.cpp's parse_json_tool_calls: what follows the calls is content.
+        return Parsed(text[pos:].strip(), calls)
+
+    def render(self, calls: Sequence[ToolCall], content: str = "") -> str:
+        # The Llama 3.x templates write a call turn as the JSON alone: content has no room.
+        if not calls:
+            return content
+        return "\n".join(
+            json.dumps({"name": c.name, "parameters": _args_value(c.arguments)},
+                       ensure_ascii=False)
+            for c in calls
+        )
+
+    def call_start(self, text: str) -> int | None:
+        # A call is the whole output, so it can only start at the beginning.
+        head = text.lstrip()
+        if not text:
+            return None
+        if not head or head.startswith(("{", _PYTHON_TAG)) or _PYTHON_TAG.startswith(head):
+            return 0
+        return None
+
+
+# --- mistral -----------------------------------------------------------------------------
+
+_TOOL_CALLS = "[TOOL_CALLS]"
+# [TOOL_CALLS]NAME[ARGS]{...}, with [CALL_ID]ID before [ARGS] in some releases.
+_NEW_MISTRAL_HEAD = re.compile(r"\s*([^\s\[\]{}\"]+)\s*(?:\[CALL_ID\]\s*([^\s\[\]]+)\s*)?\[ARGS\]")
+
+
+class MistralFormat(ToolFormat):
+    name = "mistral"
+    prefix = _TOOL_CALLS + "["
+    suffix = "]"
+
+    def _call_schema(self, fn: Mapping[str, Any]) -> dict[str, Any]:
+        # As llama.cpp's common_chat_params_init_mistral_nemo: the model writes the id, and
+        # Mistral's templates refuse any but 9 alphanumerics when it comes back in history.
+        schema = super()._call_schema(fn)
+        schema["properties"]["id"] = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
+        schema["required"].append("id")
+        return schema
+
+    @staticmethod
+    def _read_block(text: str, pos: int) -> tuple[list[ToolCall], int]:
+        """The calls after one [TOOL_CALLS] (pos just after it)."""
+        start = _skip_ws(text, pos)
+        if text.startswith(("[", "{"), start):
+            value, end = _decode(text, start)
+            items = value if isinstance(value, list) else [value]
+            if not items:
+                raise _Malformed("an empty call list")
+            return [_call(item, ("arguments",)) for item in items], end
+        head = _NEW_MISTRAL_HEAD.match(text, pos)
+        if head is None:
+            raise _Malformed("no call after [TOOL_CALLS]")
+        args, end = _decode(text, _skip_ws(text, head.end()))
+        return [ToolCall(head.group(1), _arguments(args), head.group(2) or "")], end
+
+    def parse(self, text: str, tool_names: Collection[str] | None = None) -> Parsed:
+        pieces: list[str] = []
+        calls: list[ToolCall] = []
+        pos = 0
+        try:
+            while (at := text.find(_TOOL_CALLS, pos)) >= 0:
+                pieces.append(text[pos:at])
+                block, pos = self._read_block(text, at + len(_TOOL_CALLS))
+                calls.extend(block)
+        except _Malformed:
+            return Parsed(text, [])
+        if not calls:
+            return Parsed(text, [])
+        pieces.append(text[pos:])
+        return Parsed(_join_content(pieces), calls)
+
+    def render(self, calls: Sequence[ToolCall], content: str = "") -> str:
+        if not calls:
+            return content
+        items = []
+        for c in calls:
+            item: dict[str, Any] = {"name": c.name, "arguments": _args_value(c.arguments)}
+            if c.id:
+                item["id"] = c.id
+            items.append(json.dumps(item, ensure_ascii=False))
+        return content + self.prefix + ", ".join(items) + self.suffix
+
+    def call_start(self, text: str) -> int | None:
+        at = text.find(_TOOL_CALLS)
+        return _hold_from(text, 0, _partial_tail(text, _TOOL_CALLS) if at < 0 else at)
+
+
+# --- generic -----------------------------------------------------------------------------
+
+
+class GenericFormat(ToolFormat):
+    name = "generic"
+
+    def parse(self, text: str, tool_names: Collection[str] | None = None) -> Parsed:
+        start = _skip_ws(text, 0)
+        if not text.startswith("{", start):
+            return Parsed(text, [])
+        try:
+            obj, end = _decode(text, start)
+            if _skip_ws(text, end) != len(text) or not isinstance(obj, dict):
+                raise _Malformed("not one JSON object")
+            # The order of llama.cpp's common_chat_parse_generic.
+            if "tool_calls" in obj:
+                if not isinstance(obj["tool_calls"], list):
+                    raise _Malformed("tool_calls is not a list")
+                return Parsed("", [_call(item, ("arguments",)) for item in obj["tool_calls"]])
+            if "tool_call" in obj:
+                return Parsed("", [_call(obj["tool_call"], ("arguments",))])
+            if "response" in obj:
+                response = obj["response"]
+                if not isinstance(response, str):
+                    response = json.dumps(response, indent=2, ensure_ascii=False)
+                return Parsed(response, [])
+        except _Malformed:
+            pass
+        return Parsed(text, [])
+
+    def render(self, calls: Sequence[ToolCall], content: str = "") -> str:
+        # What the grammar lets the model write: the calls, or else the response.
+        if not calls:
+            return json.dumps({"response": content}, ensure_ascii=False)
+        items = []
+        for c in calls:
+            item: dict[str, Any] = {"name": c.name, "arguments": _args_value(c.arguments)}
+            if c.id:
+                item["id"] = c.id
+            items.append(item)
+        shape = {"tool_call": items[0]} if len(items) == 1 else {"tool_calls": items}
+        return json.dumps(shape, ensure_ascii=False)
+
+    def call_start(self, text: str) -> int | None:
+        # The answer is one JSON object: nothing of it is content until it is complete.
+        head = text.lstrip()
+        if head.startswith("{") or (text and not head):
+            return 0
+        return None
+
+    def json_schema(
+        self, tools: Sequence[Mapping[str, Any]], *, required: bool, parallel: bool
+    ) -> dict[str, Any]:
+        """The schema of the whole output: the call(s) shape, or else (unless ``required``)
+        ``{"response": str}``; as llama.cpp's common_chat_params_init_generic, without the
+        ids it demands for parallel calls (call ids are minted by the server)."""
+        functions = _functions(tools)
+        branches: list[dict[str, Any]] = []
+        if functions:
+            schemas = [self._call_schema(fn) for fn in functions]
+            call = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+            if parallel:
+                calls = {"type": "array", "items": call, "minItems": 1}
+                branches.append(_wrapper("tool_calls", calls))
+            else:
+                branches.append(_wrapper("tool_call", call))
+        elif required:
+            raise ValueError("a tool call is required but there are no tools")
+        if not required:
+            branches.append(_wrapper("response", {"type": "string"}))
+        return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+    def system_prompt(self, tools: Sequence[Mapping[str, Any]], parallel: bool) -> str:
+        """The instructions that go into the system message: the tools, and the JSON shapes
+        to answer with (llama.cpp's generic prompt, plus the tool list, which a template
+        without tool support does not render)."""
+        listing = [
+            {key: fn[key] for key in ("name", "description", "parameters") if key in fn}
+            for fn in _functions(tools)
+        ]
+        example_call = {"name": "tool_name", "arguments": {"arg1": "some_value"}}
+        if parallel:
+            shape = "`tool_calls` (a list of requests to call tools)"
+            example: dict[str, Any] = {"tool_calls": [example_call]}
+        else:
+            shape = "`tool_call` (a request to call tools)"
+            example = {"tool_call": example_call}
+        return (
+            "You can call any of the following tools to satisfy the user's requests:\n"
+            f"{json.dumps(listing, indent=2, ensure_ascii=False)}\n\n"
+            f"Respond in JSON format, either with {shape} or with `response` reply to the "
+            "user's request. Answer with exactly one JSON object and nothing else.\n\n"
+            f"Example tool call syntax:\n{json.dumps(example, indent=2)}\n\n"
+            f"Example response syntax:\n{json.dumps({'response': '...'}, indent=2)}"
+        )
+
+
+def _wrapper(key: str, value: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {key: value},
+        "required": [key],
+        "additionalProperties": False,
+    }
+
+
+HERMES = HermesFormat()
+LLAMA3_JSON = Llama3JsonFormat()
+MISTRAL = MistralFormat()
+GENERIC = GenericFormat()
+
+FORMATS: dict[str, ToolFormat] = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL, GENERIC)}
+
+
+def detect_format(chat_template: str) -> ToolFormat:
+    """The format a model writes calls in, from its GGUF's Jinja chat template; the checks
+    and their order follow llama.cpp's common_chat_templates_apply_jinja."""
+    t = chat_template
+    if "<tool_call>" in t:
+        return HERMES
+    if "<|start_header_id|>" in t and (
+        "ipython" in t or _PYTHON_TAG in t or '"parameters"' in t
+    ):
+        return LLAMA3_JSON
+    if _TOOL_CALLS in t:
+        return MISTRAL
+    return GENERIC
