@@ -169,12 +169,15 @@ def _constrained_sample(
     i = 0
     while True:
         u = noise.at(start + i)
-        tok = -1
         if raw_race_ok:
-            tok = race(dist(rows[i]), u)
+            p = dist(rows[i])
+            tok = race(p, u)
             if not states[i].allows(tok):
-                tok = -1
-        if tok < 0:
+                # the race among the allowed: the best p / E of them, E = -log(1 - u)
+                with np.errstate(divide="ignore"):
+                    score = np.log(p) - np.log(-np.log1p(-u))
+                tok = states[i].best_allowed(score)
+        else:
             tok = race(dist(states[i].mask(rows[i])), u)
         if i < len(path) and tok == path[i]:
             i += 1
