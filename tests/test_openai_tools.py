@@ -5,8 +5,10 @@ the tools' schemas by a grammar)."""
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -238,3 +240,18 @@ def test_bad_tools_and_formats_are_400s(daemon: Any, body: dict[str, Any], param
         "messages": [{"role": "user", "content": "hi"}], **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_the_readme_example_works_as_written(daemon: Any, capsys: pytest.CaptureFixture[str],
+                                             ) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("<!-- readme-tools-example -->", 1)[1]
+    code = block.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'base_url="http://127.0.0.1:8080/v1"' in code
+    exec(code.replace("http://127.0.0.1:8080/v1", daemon.http), {})  # noqa: S102
+    first, second = capsys.readouterr().out.strip().splitlines()
+    name, args = first.split(" ", 1)
+    assert name == "get_weather"
+    assert "'city'" in args and "'unit'" in args
+    person = ast.literal_eval(second)
+    assert set(person) == {"name", "age"} and isinstance(person["age"], int)
