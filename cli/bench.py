@@ -323,3 +323,7 @@ bench.add_command(agent_bench)
 from .bench_http import http_bench  # noqa: E402  (suffixd bench http)
 
 bench.add_command(http_bench)
+
+from .bench_tools import tools_bench  # noqa: E402  (suffixd bench tools)
+
+bench.add_command(tools_bench)

@@ -135,11 +135,16 @@ class LlamaServer:
             time.sleep(0.2)
         raise TimeoutError(f"llama-server ({self.spec_type}) did not become ready")
 
-    def complete(self, prompt: Sequence[int], max_tokens: int) -> Turn:
-        body = json.dumps({
+    def complete(self, prompt: Sequence[int], max_tokens: int,
+                 grammar: str | None = None) -> Turn:
+        """One greedy completion of ``prompt`` (constrained by the GBNF ``grammar``)."""
+        req_body: dict[str, Any] = {
             "prompt": list(prompt), "n_predict": max_tokens, "temperature": 0.0,
             "cache_prompt": True, "return_tokens": True, "id_slot": 0,
-        }).encode()
+        }
+        if grammar is not None:
+            req_body["grammar"] = grammar
+        body = json.dumps(req_body).encode()
         req = urllib.request.Request(self.url + "/completion", data=body,
                                      headers={"Content-Type": "application/json"})
         t0 = time.perf_counter()

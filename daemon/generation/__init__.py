@@ -4,8 +4,8 @@
   (render, append the prompt, verify drafts step by step, store the response);
 * ``verifier``: ``Verifier``, the model, ``llama_decode`` and the step loop, with
   ``kv_slots`` (a KV slot per session, prefix reuse, rollback), ``sampling`` (lossless
-  speculative sampling), ``cost_measure`` (the batch cost profile) and ``certify``
-  (greedy equality up to near-ties);
+  speculative sampling), ``cost_measure`` (the batch cost profile), ``certify``
+  (greedy equality up to near-ties) and ``grammar`` (constrained decoding);
 * ``draft_model`` (the fallback drafter), ``chat`` (chat templates).
 
 It calls the engine through the object it is handed, never importing it.
