@@ -1,0 +1,155 @@
+"""Tools through a chat template that has them (a Qwen-2.5-style Jinja template, Hermes
+calls): what the template is given, what it renders, and the grammar of a required call,
+which must accept exactly the calls the format writes (checked token by token on the
+embedded model's vocabulary)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+from suffixd.daemon.generation.grammar import Grammar
+from suffixd.daemon.generation.verifier import Verifier
+from suffixd.daemon.http_api.requests import ApiError, render_message
+from suffixd.daemon.http_api.structured import RawReplies, parse_structure
+from suffixd.daemon.http_api.tool_calls import GENERIC, HERMES, ToolCall
+from suffixd.daemon.model import embedded_model_path
+
+QWEN_LIKE = """{%- if tools %}<|im_start|>system
+{{ messages[0]['content'] if messages[0]['role'] == 'system' else 'You are helpful.' }}
+
+# Tools
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools>
+Return each call as JSON within <tool_call></tool_call> tags.<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
+{{ message.content }}{% for tc in message.tool_calls %}
+<tool_call>
+{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% elif not (message.role == 'system' and tools) %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+HISTORY: list[dict[str, Any]] = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "Let me look.", "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "18 C, clear"},
+]
+
+
+@pytest.fixture(scope="module")
+def verifier() -> Iterator[Verifier]:
+    v = Verifier(embedded_model_path(), n_ctx=256, n_slots=1)
+    yield v
+    v.close()
+
+
+def _structure(choice: Any = "auto", **body: Any) -> Any:
+    s = parse_structure({"tools": [WEATHER], "tool_choice": choice, "messages": HISTORY,
+                         **body}, chat=True)
+    s.settle(QWEN_LIKE)
+    return s
+
+
+def test_a_template_with_tools_gets_them_and_the_structured_history() -> None:
+    s = _structure()
+    assert s.fmt is HERMES
+    msgs, tools = s.messages(HISTORY, RawReplies(), render_message)
+    assert tools == [WEATHER]
+    assert msgs[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    assert msgs[3] == {"role": "tool", "content": "18 C, clear", "tool_call_id": "call_1",
+                       "name": "get_weather"}
+    prompt = Jinja2ChatFormatter(template=QWEN_LIKE, eos_token="<|im_end|>",
+                                 bos_token="")(messages=msgs, tools=tools).prompt
+    assert '"name": "get_weather"' in prompt and "<tools>" in prompt
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n' \
+           "</tool_call>" in prompt
+    assert "<tool_response>\n18 C, clear\n</tool_response>" in prompt
+    # what the template wrote for the assistant turn parses back as the call it was
+    turn = prompt.split("<|im_start|>assistant\n", 1)[1].split("<|im_end|>", 1)[0]
+    parsed = HERMES.parse(turn)
+    assert parsed.content == "Let me look."
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [
+        ("get_weather", {"city": "Paris"})]
+
+
+def test_a_served_reply_renders_as_the_model_wrote_it() -> None:
+    s = _structure()
+    replies = RawReplies()
+    raw = 'Let me look.\n<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n' \
+          "</tool_call>"
+    replies.put(HISTORY[2], raw)
+    msgs, _ = s.messages(HISTORY, replies, render_message)
+    assert msgs[2] == {"role": "assistant", "content": raw}
+
+
+def test_the_generic_format_lists_the_tools_and_wraps_the_history() -> None:
+    s = parse_structure({"tools": [WEATHER]}, chat=True)
+    s.settle("")
+    assert s.fmt is GENERIC
+    msgs, tools = s.messages(HISTORY, RawReplies(), render_message)
+    assert tools is None
+    assert msgs[0]["role"] == "system" and msgs[0]["content"].startswith("Be brief.")
+    assert '"get_weather"' in msgs[0]["content"]
+    assert json.loads(msgs[2]["content"]) == {
+        "tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call_1"}}
+    assert msgs[3]["role"] == "user"
+    assert json.loads(msgs[3]["content"])["tool_response"]["tool"] == "get_weather"
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_required_hermes_call_grammar_accepts_the_calls_the_format_writes(
+        verifier: Verifier, parallel: bool) -> None:
+    s = _structure("required", parallel_tool_calls=parallel)
+    gbnf = s.grammar()
+    assert gbnf is not None and gbnf.startswith("root ::= ")
+    calls = [ToolCall("get_weather", json.dumps({"city": "Paris"}))]
+    if parallel:
+        calls.append(ToolCall("get_weather", json.dumps({"city": "Rome"})))
+    text = HERMES.render(calls)
+    state = Grammar(verifier, gbnf).start()
+    for tok in verifier.tokenize(text):
+        assert state.allows(tok), (text, verifier.detokenize([tok]))
+        state.accept(tok)
+    eos = verifier.eos_token
+    assert state.allows(eos)  # the grammar is complete there
+    # and it refuses prose where a call must be
+    assert not Grammar(verifier, gbnf).start().allows(verifier.tokenize("Sure")[0])
+
+
+def test_auto_on_a_native_format_is_not_constrained() -> None:
+    assert _structure("auto").grammar() is None
+    assert _structure("none").fmt is None
+
+
+def test_an_unconvertible_schema_is_a_400() -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"$ref": "#/nowhere"}}, "required": ["x"]}}}
+    s = parse_structure({"tools": [tool], "tool_choice": "required"}, chat=True)
+    s.settle("")
+    with pytest.raises(ApiError) as err:
+        s.grammar()
+    assert err.value.status == 400
