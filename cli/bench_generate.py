@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,12 @@ def _load_turns(path: Path, limit: int) -> list[tuple[str, list[dict[str, str]]]
                     if len(turns) >= limit:
                         return turns
     return turns
+
+
+def p95(xs: Sequence[float]) -> float:
+    """The 95th percentile as every bench reports it (nearest rank below); 0 for none."""
+    lat = sorted(xs)
+    return lat[int(0.95 * (len(lat) - 1))] if lat else 0.0
 
 
 def fits_side_by_side(prompt_len: int, max_tokens: int, n_ctx: int) -> bool:
@@ -383,8 +390,7 @@ def _run(
         out[f"{m}_prompt_tokens_total"] = int(a["prompt_tokens"])
         walls = session_wall[m]
         out[f"{m}_session_wall_s"] = round(sum(walls.values()) / max(len(walls), 1), 3)
-        lat = sorted(latencies[m])
-        out[f"{m}_turn_p95_s"] = round(lat[int(0.95 * (len(lat) - 1))], 4) if lat else 0.0
+        out[f"{m}_turn_p95_s"] = round(p95(latencies[m]), 4)
         if m in servers:
             out[f"{m}_tok_s"] = round(rate(m), 2)
             out[f"{m}_turn_latency_s"] = round(a["total_s"] / max(n_turns, 1), 4)

@@ -77,13 +77,6 @@ def to_tool_calls(session: str, messages: list[dict[str, str]]) -> list[dict[str
     return out
 
 
-def _p95(xs: list[float]) -> float:
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(0.95 * len(s)))]
-
-
 @click.command("tools")
 @click.argument("workload", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--sessions", default=2, show_default=True, help="Sessions to replay, whole.")
@@ -103,10 +96,9 @@ def tools_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
     from ..client import Client
     from ..daemon.generation.chat import ChatRenderer
     from ..daemon.generation.verifier import Verifier
-    from ..daemon.http_api.requests import render_message
     from ..daemon.http_api.structured import RawReplies, parse_structure
     from ..daemon.model import resolve_model_path
-    from .bench_generate import load_session_turns
+    from .bench_generate import load_session_turns, p95
     from .bench_http import _start_daemon
     from .llama_server import start_servers
 
@@ -145,7 +137,7 @@ def tools_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
                     "parallel_tool_calls": False}
             structure = parse_structure(body, chat=True)
             structure.settle(renderer.template)
-            msgs, tools = structure.messages(messages, RawReplies(), render_message)
+            msgs, tools = structure.messages(messages, RawReplies())
             prompt = renderer.tokens(msgs, tools=tools)
             if len(prompt) + max_tokens + 64 > n_ctx:
                 skipped += 1
@@ -210,7 +202,7 @@ def tools_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
         walls = list(st["session_s"].values())
         out[f"{s}_session_wall_s"] = round(sum(walls) / len(walls), 3) if walls else 0.0
         out[f"{s}_turn_s"] = round(sum(st["turn_s"]) / max(1, len(st["turn_s"])), 4)
-        out[f"{s}_turn_p95_s"] = round(_p95(st["turn_s"]), 4)
+        out[f"{s}_turn_p95_s"] = round(p95(st["turn_s"]), 4)
         out[f"{s}_decode_tok_s"] = round(st["tokens"] / st["decode_s"], 2) if st["decode_s"] \
             else 0.0
         out[f"{s}_tokens_per_step"] = round(st["tokens"] / max(1, st["steps"]), 3)

@@ -13,7 +13,7 @@ import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from suffixd.daemon.generation.grammar import Grammar
 from suffixd.daemon.generation.verifier import Verifier
-from suffixd.daemon.http_api.requests import ApiError, render_message
+from suffixd.daemon.http_api.requests import ApiError
 from suffixd.daemon.http_api.structured import RawReplies, parse_structure
 from suffixd.daemon.http_api.tool_calls import GENERIC, HERMES, ToolCall
 from suffixd.daemon.model import embedded_model_path
@@ -77,7 +77,7 @@ def _structure(choice: Any = "auto", **body: Any) -> Any:
 def test_a_template_with_tools_gets_them_and_the_structured_history() -> None:
     s = _structure()
     assert s.fmt is HERMES
-    msgs, tools = s.messages(HISTORY, RawReplies(), render_message)
+    msgs, tools = s.messages(HISTORY, RawReplies())
     assert tools == [WEATHER]
     assert msgs[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert msgs[3] == {"role": "tool", "content": "18 C, clear", "tool_call_id": "call_1",
@@ -102,7 +102,7 @@ def test_a_served_reply_renders_as_the_model_wrote_it() -> None:
     raw = 'Let me look.\n<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n' \
           "</tool_call>"
     replies.put(HISTORY[2], raw)
-    msgs, _ = s.messages(HISTORY, replies, render_message)
+    msgs, _ = s.messages(HISTORY, replies)
     assert msgs[2] == {"role": "assistant", "content": raw}
 
 
@@ -110,7 +110,7 @@ def test_the_generic_format_lists_the_tools_and_wraps_the_history() -> None:
     s = parse_structure({"tools": [WEATHER]}, chat=True)
     s.settle("")
     assert s.fmt is GENERIC
-    msgs, tools = s.messages(HISTORY, RawReplies(), render_message)
+    msgs, tools = s.messages(HISTORY, RawReplies())
     assert tools is None
     assert msgs[0]["role"] == "system" and msgs[0]["content"].startswith("Be brief.")
     assert '"get_weather"' in msgs[0]["content"]

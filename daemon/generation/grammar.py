@@ -56,24 +56,19 @@ class Grammar:
         import llama_cpp
 
         self._ll = llama_cpp
-        self._verifier = verifier
         self.gbnf = gbnf
         self.root = root
         self._is_eog = verifier.is_eog
         self.vocab_size = int(verifier.vocab_size)
-        # Sanity: llama.cpp logs a parse error and returns NULL rather than raising.
-        probe = self._new()
-        llama_cpp.llama_sampler_free(probe)
-
-    def _new(self) -> Any:
-        smpl = self._ll.llama_sampler_init_grammar(
-            self._verifier._vocab, self.gbnf.encode("utf-8"), self.root.encode("utf-8"))
+        # Parsed once: llama.cpp logs a parse error and returns NULL rather than raising.
+        smpl = llama_cpp.llama_sampler_init_grammar(
+            verifier._vocab, gbnf.encode("utf-8"), root.encode("utf-8"))
         if not smpl:
             raise GrammarError("the grammar does not parse (llama.cpp's GBNF)")
-        return smpl
+        self._initial = GrammarState(self, smpl)
 
     def start(self) -> GrammarState:
-        return GrammarState(self, self._new())
+        return self._initial.copy()
 
 
 class GrammarState:

@@ -81,6 +81,7 @@ def speculative_sample(
     dist: Callable[[np.ndarray], np.ndarray],
     noise: SamplingNoise,
     start: int,
+    winner: Callable[[int, np.ndarray, np.ndarray], int] | None = None,
 ) -> tuple[int, int]:
     """Exact speculative sampling for a deterministic draft.
 
@@ -88,13 +89,19 @@ def speculative_sample(
     token). Row i's token is the winner of its race, ``race(p_i, noise.at(start + i))``;
     draft token x is kept when it wins (probability p_i(x)). The first row whose winner
     differs emits that winner; if every draft token is kept, the bonus is row k's.
+    ``winner(i, row, u)`` replaces that race where the target is not ``dist(row)`` alone
+    (a grammar: the verifier's constrained race).
     """
+    def race_of(i: int, row: np.ndarray, u: np.ndarray) -> int:
+        return race(dist(row), u)
+
+    pick = winner or race_of
     for i, x in enumerate(draft):
-        tok = race(dist(rows[i]), noise.at(start + i))
+        tok = pick(i, rows[i], noise.at(start + i))
         if tok != x:
             return i, tok
     k = len(draft)
-    return k, race(dist(rows[k]), noise.at(start + k))
+    return k, pick(k, rows[k], noise.at(start + k))
 
 
 def race(p: np.ndarray, u: np.ndarray) -> int:

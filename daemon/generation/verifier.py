@@ -156,33 +156,27 @@ def _greedy(rows: Sequence[np.ndarray], states: list[GrammarState], i: int) -> i
     return constrained_argmax(rows[i], states[i])
 
 
-def _constrained_sample(
-    rows: Sequence[np.ndarray], path: list[int], states: list[GrammarState],
-    dist: Callable[[np.ndarray], np.ndarray], noise: SamplingNoise, start: int,
-    raw_race_ok: bool,
-) -> tuple[int, int]:
-    """``speculative_sample`` against the constrained target: row i's token is the race
-    winner of the distribution over what the grammar allows after ``path[:i]``. With the
-    same noise, a raw winner that the grammar allows wins the constrained race too (the
-    allowed weights are the raw ones, rescaled), so the full mask is needed only when it
-    does not (or when top-k/top-p make the constrained weights differ)."""
-    i = 0
-    while True:
-        u = noise.at(start + i)
-        if raw_race_ok:
-            p = dist(rows[i])
-            tok = race(p, u)
-            if not states[i].allows(tok):
-                # the race among the allowed: the best p / E of them, E = -log(1 - u)
-                with np.errstate(divide="ignore"):
-                    score = np.log(p) - np.log(-np.log1p(-u))
-                tok = states[i].best_allowed(score)
-        else:
-            tok = race(dist(states[i].mask(rows[i])), u)
-        if i < len(path) and tok == path[i]:
-            i += 1
-            continue
-        return i, tok
+def _constrained_winner(
+    states: list[GrammarState], dist: Callable[[np.ndarray], np.ndarray], raw_race_ok: bool,
+) -> Callable[[int, np.ndarray, np.ndarray], int]:
+    """Row i's race against the constrained target: the distribution over what the grammar
+    allows after ``path[:i]`` (``states[i]``). With the same noise, a raw winner that the
+    grammar allows wins the constrained race too (the allowed weights are the raw ones,
+    rescaled), so the allowed set is searched only when it does not, and every row is
+    masked only when top-k/top-p make the constrained weights differ."""
+    def winner(i: int, row: np.ndarray, u: np.ndarray) -> int:
+        if not raw_race_ok:
+            return race(dist(states[i].mask(row)), u)
+        p = dist(row)
+        tok = race(p, u)
+        if states[i].allows(tok):
+            return tok
+        # the race among the allowed: the best p / E of them, E = -log(1 - u)
+        with np.errstate(divide="ignore"):
+            score = np.log(p) - np.log(-np.log1p(-u))
+        return states[i].best_allowed(score)
+
+    return winner
 
 
 class _LogitRows(Sequence[np.ndarray]):
@@ -502,13 +496,12 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                             g.outputs = len(path) + 1
                             gaps.append(g)
                         stats.record_s += time.perf_counter() - t_rec
-                elif not states:
-                    assert noise is not None
-                    accepted, nxt = speculative_sample(rows, path, dist, noise, generated)
                 else:
                     assert noise is not None
-                    accepted, nxt = _constrained_sample(
-                        rows, path, states, dist, noise, generated, raw_race_ok)
+                    winner = _constrained_winner(states, dist, raw_race_ok) if states \
+                        else None
+                    accepted, nxt = speculative_sample(rows, path, dist, noise, generated,
+                                                       winner)
             if state is not None:
                 # the state after the accepted draft takes the verifier's own token
                 state = states[accepted]

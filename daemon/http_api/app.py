@@ -68,7 +68,6 @@ from .requests import (
     apply_sampling,
     chat_messages,
     completion_prompt,
-    render_message,
 )
 from .session_finder import SessionFinder
 from .streams import Run, completion_body, sse_events
@@ -297,8 +296,7 @@ class OpenAIFront:
         rt = self.generation.runtime()
         structure.settle(rt.renderer.template)
         if messages is not None:
-            req.messages, req.tools = structure.messages(messages, self.replies,
-                                                         render_message)
+            req.messages, req.tools = structure.messages(messages, self.replies)
         req.grammar = structure.grammar()
         if req.grammar is not None:
             try:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..generation.grammar import GrammarError, grammar_for_schema, json_grammar
-from .requests import ApiError
+from .requests import ApiError, render_message
 from .session_finder import canonical_message, message_text
 from .tool_calls import (
     GENERIC,
@@ -76,11 +76,11 @@ class Structure:
 
     # ------------------------------------------------------------------ rendering
     def messages(self, messages: Sequence[Mapping[str, Any]], replies: RawReplies,
-                 render_plain: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         """The messages for the chat template, and the ``tools`` it gets (native formats;
         the generic format lists them in the system message instead)."""
         if self.fmt is None:
-            return [render_plain(m) for m in messages], None
+            return [render_message(dict(m)) for m in messages], None
         generic = self.fmt is GENERIC
         names_by_id: dict[str, str] = {}
         out: list[dict[str, Any]] = []

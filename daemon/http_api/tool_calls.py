@@ -189,6 +189,15 @@ def _partial_tail(text: str, marker: str) -> int:
     return len(text)
 
 
+def _around_calls(text: str, pieces: list[str], pos: int, calls: list[ToolCall]) -> Parsed:
+    """The parse of ``text``: the content pieces around the calls (and the rest after
+    ``pos``), or all of it as content when no call was found."""
+    if not calls:
+        return Parsed(text, [])
+    pieces.append(text[pos:])
+    return Parsed(_join_content(pieces), calls)
+
+
 def _join_content(pieces: Sequence[str]) -> str:
     """The content around calls. The first piece keeps its start (it may have been streamed
     already); whitespace next to calls goes."""
@@ -420,10 +429,7 @@ class HermesFormat(ToolFormat):
                 search = pos
         except _Malformed:
             return Parsed(text, [])
-        if not calls:
-            return Parsed(text, [])
-        pieces.append(text[pos:])
-        return Parsed(_join_content(pieces), calls)
+        return _around_calls(text, pieces, pos, calls)
 
     def render(self, calls: Sequence[ToolCall], content: str = "") -> str:
         # As the Qwen templates write an assistant turn: content, newline, one block a call.
@@ -543,10 +549,7 @@ class MistralFormat(ToolFormat):
                 calls.extend(block)
         except _Malformed:
             return Parsed(text, [])
-        if not calls:
-            return Parsed(text, [])
-        pieces.append(text[pos:])
-        return Parsed(_join_content(pieces), calls)
+        return _around_calls(text, pieces, pos, calls)
 
     def render(self, calls: Sequence[ToolCall], content: str = "") -> str:
         if not calls:
