@@ -11,6 +11,9 @@ The same rotation as ``bench generate`` (suffixd plain, suffixd, and with
 ``--llama-server`` llama-server plain and its n-gram types, prompt cache on), turn by
 turn; reported per system: session wall time, mean and p95 whole-turn latency, prompt
 tokens actually evaluated (what KV reuse left to compute), decode tok/s.
+
+With ``--concurrency N1,N2`` the sessions run N at a time through the OpenAI endpoint
+instead, side by side with llama-server ``-np N`` (cli/bench_concurrency.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 import click
 
+from .bench_concurrency import first_turns, parse_levels, report, run_concurrency
 from .bench_generate import MODES, _run, load_session_turns
 from .llama_server import llama_server_options
 
@@ -32,16 +36,23 @@ from .llama_server import llama_server_options
 @click.option("--model", default=None, help="GGUF path or packaged name (default: embedded).")
 @click.option("--n-ctx", default=0, help="Context per session [the model's trained length].")
 @click.option("--threads", default=2, show_default=True)
-@click.option("--modes", default="plain,suffixd", show_default=True)
+@click.option("--modes", default="plain,suffixd", show_default=True,
+              help="In-process modes (not with --concurrency: suffixd's endpoint only).")
+@click.option("--turns", "turns_limit", default=0, help="The first K turns of each session [all].")
+@click.option("--concurrency", default=None, metavar="N1,N2",
+              help="Run N sessions at once through the OpenAI endpoint (and llama-server "
+                   "-np N), for each N; a fresh server each.")
 @llama_server_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | None, n_ctx: int,
-                threads: int, modes: str, llama_server: str | None, spec_types: str | None,
-                ls_flash_attn: str, ls_plain: bool, as_json: bool) -> None:
+                threads: int, modes: str, turns_limit: int, concurrency: str | None,
+                llama_server: str | None, spec_types: str | None, ls_flash_attn: str,
+                ls_plain: bool, as_json: bool) -> None:
     """Replay WORKLOAD's sessions whole, turn by turn, as an agent sends them."""
     from ..daemon.model import resolve_model_path
     from .llama_server import start_servers
 
+    levels = parse_levels(concurrency) if concurrency is not None else None
     wanted = [m.strip() for m in modes.split(",") if m.strip()]
     if not wanted or any(m not in MODES for m in wanted) or "plain" not in wanted:
         raise click.BadParameter(f"--modes: a subset of {MODES} including plain",
@@ -50,9 +61,17 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
         model_path = resolve_model_path(model)
     except FileNotFoundError as exc:
         raise click.ClickException(str(exc)) from None
-    todo = load_session_turns(workload, sessions)
+    todo = first_turns(load_session_turns(workload, sessions), turns_limit)
     if not todo:
         raise click.ClickException(f"{workload}: no assistant turns")
+    if levels is not None:
+        c_out = run_concurrency(workload, todo, levels, max_tokens, model, model_path, n_ctx,
+                                threads, llama_server, spec_types, ls_flash_attn, ls_plain)
+        if as_json:
+            click.echo(json.dumps(c_out))
+        else:
+            report(c_out)
+        return
     servers: dict[str, Any] = {}
     try:
         if llama_server:

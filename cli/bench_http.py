@@ -29,10 +29,14 @@ from .bench_generate import load_session_turns
 
 
 def _start_daemon(data_dir: Path, model: str | None, threads: int,
-                  ctx_size: int) -> tuple[Any, str, str]:
+                  ctx_size: int, kv_slots: int | None = None) -> tuple[Any, str, str]:
+    """``serve --http`` on a free loopback port (``kv_slots``: its ``--kv-slots``, or its
+    default); (the process, the gRPC target, the OpenAI base URL) once announced."""
     args = [sys.executable, "-m", "suffixd.cli.main", "serve", "--data-dir", str(data_dir),
             "--http", "127.0.0.1:0", "--model-load", "startup", "--threads", str(threads),
             "--ctx-size", str(ctx_size)]
+    if kv_slots is not None:
+        args += ["--kv-slots", str(kv_slots)]
     if model:
         args += ["--model", model]
     log = open(data_dir.parent / "daemon.log", "wb")  # noqa: SIM115 - lives with the daemon

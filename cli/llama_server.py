@@ -56,13 +56,14 @@ def plain_of(name: str) -> str:
 
 def start_servers(binary: str | Path, model: str | Path, *, threads: int, n_ctx: int,
                   spec_types_wanted: str | None, flash_attn: str,
-                  plain: bool = True) -> dict[str, LlamaServer]:
+                  plain: bool = True, n_parallel: int = 1) -> dict[str, LlamaServer]:
     """llama-server plain and with each n-gram type (``spec_types_wanted``: "T1,T2", or None
     for every type it offers), ready, keyed by the name the benches report ("ls-plain",
     "ls-ngram-mod"). ``flash_attn`` "both" runs each twice, its default (auto: on for the
     CPU) and off ("ls-plain-fa-off"): suffixd's verifier runs without flash attention, and
     on some models llama-server decodes faster without it too, so its best configuration
-    is taken over both. ``plain`` False leaves plain decoding out."""
+    is taken over both. ``plain`` False leaves plain decoding out. ``n_parallel``: slots
+    per server (``n_ctx`` is then each slot's context, see ``LlamaServer``)."""
     if spec_types_wanted:
         types = [t.strip() for t in spec_types_wanted.split(",") if t.strip()]
     else:
@@ -74,7 +75,8 @@ def start_servers(binary: str | Path, model: str | Path, *, threads: int, n_ctx:
             for t in [None, *types] if plain else types:
                 name = "ls-" + (t or "plain") + ("-fa-off" if fa == "off" else "")
                 servers[name] = LlamaServer(binary, model, threads=threads, n_ctx=n_ctx,
-                                            spec_type=t, flash_attn=fa)
+                                            spec_type=t, flash_attn=fa,
+                                            n_parallel=n_parallel)
         for srv in servers.values():
             srv.wait_ready()
     except BaseException:
@@ -103,17 +105,23 @@ class Turn:
 
 
 class LlamaServer:
-    """One llama-server process (one slot, greedy requests, prompt cache on)."""
+    """One llama-server process (one slot unless ``n_parallel``, greedy requests, prompt
+    cache on)."""
 
     def __init__(self, binary: str | Path, model: str | Path, *, threads: int, n_ctx: int,
                  spec_type: str | None = None, flash_attn: str = "auto",
-                 log_path: Path | None = None) -> None:
-        """``n_ctx`` 0: the model's trained context; ``flash_attn``: its ``-fa`` setting."""
+                 log_path: Path | None = None, n_parallel: int = 1) -> None:
+        """``n_ctx`` 0: the model's trained context; ``flash_attn``: its ``-fa`` setting.
+        ``n_parallel`` slots (``-np``): llama-server divides ``-c`` among them, so ``-c`` is
+        ``n_ctx`` × ``n_parallel`` and ``n_ctx`` each slot's context (then not 0)."""
+        if n_parallel < 1 or (n_parallel > 1 and n_ctx <= 0):
+            raise ValueError("n_parallel must be >= 1, and n_ctx (per slot) > 0 with several")
         self.port = _free_port()
         self.spec_type = spec_type or "none"
+        self.n_parallel = n_parallel
         args = [str(binary), "-m", str(model), "-t", str(threads), "-tb", str(threads),
-                "-c", str(n_ctx), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port),
-                "-fa", flash_attn]
+                "-c", str(n_ctx * n_parallel), "-np", str(n_parallel),
+                "--host", "127.0.0.1", "--port", str(self.port), "-fa", flash_attn]
         if spec_type:
             args += ["--spec-type", spec_type]
         if not extra_weight_buffers():
@@ -137,10 +145,12 @@ class LlamaServer:
 
     def complete(self, prompt: Sequence[int], max_tokens: int,
                  grammar: str | None = None) -> Turn:
-        """One greedy completion of ``prompt`` (constrained by the GBNF ``grammar``)."""
+        """One greedy completion of ``prompt`` (constrained by the GBNF ``grammar``). With
+        several slots, llama-server picks one (the longest common prefix with the prompt)."""
         req_body: dict[str, Any] = {
             "prompt": list(prompt), "n_predict": max_tokens, "temperature": 0.0,
-            "cache_prompt": True, "return_tokens": True, "id_slot": 0,
+            "cache_prompt": True, "return_tokens": True,
+            "id_slot": 0 if self.n_parallel == 1 else -1,
         }
         if grammar is not None:
             req_body["grammar"] = grammar

@@ -168,6 +168,14 @@ def _generator_lines(g: Mapping[str, Any]) -> list[str]:
         )
     else:
         out.append("  draft model: none (--draft-model)")
+    b = g.get("batching")
+    if b and b.get("steps"):
+        steps = int(b["steps"])
+        out.append(
+            f"  steps: {steps:,}, {b['sequences'] / steps:.2f} sequences and "
+            f"{b['rows'] / steps:.1f} rows per step (at most {b['max_sequences']} at once); "
+            f"padding {b['padding_rows']:,} rows, drafts cut by the joint plan "
+            f"{b['trimmed_draft_tokens']:,} tokens")
     return out + [""]
 
 
@@ -288,6 +296,7 @@ def _generator_status(client: Any) -> dict[str, Any] | None:
         "cost_profile": {int(k): round(v, 3) for k, v in r.cost_profile.items()},
         "batch_padding": {int(k): int(v) for k, v in r.batch_padding.items()},
         "draft_model": json.loads(r.draft_model) if r.draft_model else None,
+        "batching": json.loads(r.batching) if r.batching else None,
     }
 
 

@@ -16,6 +16,7 @@ iterator.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,4 +101,5 @@ def status_to_dict(r: gpb.GeneratorStatusResponse) -> dict[str, Any]:
         "cost_profile": {int(k): v for k, v in r.cost_profile.items()},
         "batch_padding": {int(k): int(v) for k, v in r.batch_padding.items()},
         "draft_model": r.draft_model,
+        "batching": json.loads(r.batching) if r.batching else None,
     }

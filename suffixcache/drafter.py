@@ -152,6 +152,17 @@ class Draft:
             best_leaf = self.parents[best_leaf]
         return out[::-1]
 
+    def head(self, k: int) -> Draft:
+        """The draft cut to its first ``k`` tokens (a verifier that evaluated only those);
+        a path draft's candidates past the cut count as declined, as the length rule's."""
+        if k >= len(self.tokens):
+            return self
+        probs = self.probs[:k]
+        return Draft(self.tokens[:k], self.parents[:k], probs, self.sources[:k],
+                     self.match_len, sum(probs), self.key, self.prev,
+                     self.seq_id if k else None, self.last_token, self.candidates,
+                     self.context_tail)
+
     def accepted_length(self, truth: Sequence[int]) -> int:
         """Longest prefix of a root-to-leaf path of the draft that equals truth's prefix."""
         return accepted_length(self.tokens, None if self.is_path() else self.parents, truth)

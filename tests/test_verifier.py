@@ -329,15 +329,16 @@ def test_padded_batches_stay_lossless_and_reproducible(verifier: Verifier, monke
     ref, ref_gaps, _ = run(verifier, "pad-plain", prompt, params)
     shapes: list[int] = []
     asked: list[int] = []
-    real_decode = verifier._decode
+    real_run = verifier._run_step
 
-    def spy(seq_id, tokens, pos0, all_logits, outputs=None):
-        if all_logits:
-            shapes.append(len(tokens))
-            asked.append(len(tokens) if outputs is None else outputs)
-        return real_decode(seq_id, tokens, pos0, all_logits, outputs)
+    def spy(batch):
+        for r in batch:
+            if not r.prompt:
+                shapes.append(r.rows)
+                asked.append(r.outputs)
+        return real_run(batch)
 
-    monkeypatch.setattr(verifier, "_decode", spy)
+    monkeypatch.setattr(verifier, "_run_step", spy)
     monkeypatch.setattr(verifier, "_pad_to", {n: 8 for n in range(2, 8)})
     rnd = random.Random(7)
 

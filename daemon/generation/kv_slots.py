@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,11 @@ class KvSlots:
     n_ctx: int
     n_swa: int
 
+    def _memory_guard(self) -> AbstractContextManager[Any]:
+        """Held around changes to a slot's KV that is not stepping (eviction, a new
+        prompt's rollback, forget): the host makes them wait for a gap between decodes."""
+        return nullcontext()
+
     def _init_slots(self, n_slots: int) -> None:
         self._slots_lock = threading.Condition()
         self._slots: dict[str, Slot] = {}
@@ -71,6 +77,8 @@ class KvSlots:
                         slot.busy = True
                         return slot
                 elif self._free_seq_ids:
+                    # the lowest free id: busy sequences of consecutive ids share ubatches
+                    self._free_seq_ids.sort()
                     slot = Slot(seq_id=self._free_seq_ids.pop(0), busy=True)
                     self._slots[key] = slot
                     return slot
@@ -79,7 +87,8 @@ class KvSlots:
                     if idle:
                         _, victim = min(idle)
                         old = self._slots.pop(victim)
-                        self._llama_cpp.llama_memory_seq_rm(self._mem, old.seq_id, -1, -1)
+                        with self._memory_guard():
+                            self._llama_cpp.llama_memory_seq_rm(self._mem, old.seq_id, -1, -1)
                         slot = Slot(seq_id=old.seq_id, busy=True)
                         self._slots[key] = slot
                         return slot
@@ -105,6 +114,10 @@ class KvSlots:
         rest: all of them, unless the sliding-window cache has already reused cells that
         the next position needs (a prompt parting more than a window before the slot's
         end); then none, and the prompt is evaluated again."""
+        with self._memory_guard():
+            return self._keep_prefix(slot, common)
+
+    def _keep_prefix(self, slot: Slot, common: int) -> int:
         if common and self.n_swa and slot.tokens:
             # The window cache's oldest position, before dropping anything (it is -1 once
             # the rollback empties the window cache).
@@ -125,7 +138,8 @@ class KvSlots:
             if slot is None or slot.busy:
                 return
             del self._slots[session_key]
-            self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+            with self._memory_guard():
+                self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
             self._free_seq_ids.append(slot.seq_id)
             self._slots_lock.notify_all()
 

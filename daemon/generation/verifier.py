@@ -37,8 +37,8 @@ import codecs
 import ctypes
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -52,6 +52,7 @@ from .grammar import Grammar, GrammarError, GrammarState, constrained_argmax
 from .kv_slots import ContextOverflowError as ContextOverflowError  # raised by generate
 from .kv_slots import KvSlots, Slot
 from .sampling import SamplingNoise, race, speculative_sample, target_probs
+from .step_batch import StepBatcher, StepRows
 
 
 class DraftLike(Protocol):
@@ -150,6 +151,15 @@ def _draft_path(draft: Any) -> tuple[list[int], str]:
     return [int(t) for t in draft], "draft"
 
 
+def _cut(draft: Any, k: int) -> Any:
+    """The draft as a step evaluated it: its first ``k`` tokens (what ``on_step`` reports)."""
+    if hasattr(draft, "head"):
+        return draft.head(k)
+    if isinstance(draft, list):
+        return draft[:k]
+    return draft
+
+
 def _greedy(rows: Sequence[np.ndarray], states: list[GrammarState], i: int) -> int:
     if not states:
         return int(np.argmax(rows[i]))
@@ -180,11 +190,13 @@ def _constrained_winner(
 
 
 class _LogitRows(Sequence[np.ndarray]):
-    """The first ``n`` logit rows of the last batch, read lazily in place."""
+    """``n`` logit rows of the last batch from batch index ``offset``, read lazily in
+    place."""
 
-    def __init__(self, verifier: Verifier, n: int) -> None:
+    def __init__(self, verifier: Verifier, n: int, offset: int = 0) -> None:
         self._verifier = verifier
         self._n = n
+        self._offset = offset
 
     def __len__(self) -> int:
         return self._n
@@ -192,32 +204,7 @@ class _LogitRows(Sequence[np.ndarray]):
     def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
         if not 0 <= i < self._n:
             raise IndexError(i)
-        return self._verifier._logits_view(i)
-
-
-class _FairTurns:
-    """A FIFO lock: waiters get the model in arrival order, one decode at a time."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._queue: deque[threading.Event] = deque()
-        self._busy = False
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if not self._busy and not self._queue:
-                self._busy = True
-                return
-            ev = threading.Event()
-            self._queue.append(ev)
-        ev.wait()  # ownership is handed over directly by __exit__
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            if self._queue:
-                self._queue.popleft().set()
-            else:
-                self._busy = False
+        return self._verifier._logits_view(self._offset + i)
 
 
 class Verifier(KvSlots, CostMeasurement, Certification):
@@ -283,10 +270,44 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=verbose)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model.model)
         self.vocab_size = int(self._model.n_vocab())
-        self._turns = _FairTurns()
         self._init_slots(n_slots)
         self._closed = False
         self._init_costs()
+        self._cost_model: tuple[object, Callable[[int], float]] | None = None
+        # Rollbacks of different sequences run in the threads of their generations,
+        # between two decodes: llama.cpp's memory calls are not made for concurrency.
+        self._mem_lock = threading.Lock()
+        # (through lambdas: a test may replace the bound methods)
+        self._steps = StepBatcher(lambda b: self._run_step(b), n_batch,
+                                  lambda n: self._relative_cost(n),
+                                  lambda n, limit: self._padding(n, limit))
+
+    @property
+    def _turns(self) -> AbstractContextManager[None]:
+        """The model alone between two steps (cost measurement, certification, KV
+        changes outside a generation's own step)."""
+        return self._steps.exclusive()
+
+    def _memory_guard(self) -> AbstractContextManager[None]:
+        return self._steps.exclusive()
+
+    def batch_stats(self) -> dict[str, Any]:
+        """How the steps were shared: steps, sequences and rows per step."""
+        return {**self._steps.counters.as_dict(), "rate": round(self._steps.rate, 3)}
+
+    def _relative_cost(self, n: int) -> float:
+        """A step of ``n`` verified rows relative to one, from the measured profile
+        (before it is measured: a CPU-like 0.25 per extra row)."""
+        src = self.cost_seconds
+        if self._cost_model is None or self._cost_model[0] is not src:
+            if src:
+                from suffixcache import CostProfile
+
+                prof = CostProfile.from_mapping(src)
+                self._cost_model = (src, prof.cost)
+            else:
+                self._cost_model = (src, lambda k: 1.0 + 0.25 * (k - 1) if k > 0 else 0.0)
+        return self._cost_model[1](n)
 
     # ----------------------------------------------------------------- vocabulary
 
@@ -351,6 +372,28 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         if rc != 0:
             raise RuntimeError(f"llama_decode failed ({rc}): KV cache full or bad batch")
 
+    def _run_step(self, batch: list[StepRows]) -> None:
+        """One decode of a planned step: each request's kept tokens then its padding (the
+        last kept token again, no logits), at its own sequence and positions."""
+        b = self._batch.batch
+        n = 0
+        for r in batch:
+            toks = r.tokens[: r.kept]
+            outs = r.outputs
+            for i in range(r.rows):
+                b.token[n] = toks[i] if i < r.kept else toks[-1]
+                b.pos[n] = r.pos0 + i
+                b.n_seq_id[n] = 1
+                b.seq_id[n][0] = r.seq_id
+                b.logits[n] = i < outs
+                n += 1
+        b.n_tokens = n
+        if not any(r.outputs for r in batch):
+            b.logits[n - 1] = True
+        rc = self._llama_cpp.llama_decode(self._ctx.ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed ({rc}): KV cache full or bad batch")
+
     def _logits(self, i: int) -> np.ndarray:
         return self._logits_view(i).copy()
 
@@ -390,7 +433,11 @@ class Verifier(KvSlots, CostMeasurement, Certification):
             raise RuntimeError("verifier is closed")
         slot = self._acquire_slot(session_key)
         try:
-            yield from self._generate(slot, prompt, params, propose, on_step)
+            self._steps.join()
+            try:
+                yield from self._generate(slot, prompt, params, propose, on_step)
+            finally:
+                self._steps.leave()
         finally:
             self._release_slot(slot)
 
@@ -427,11 +474,14 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         self._make_room(slot, len(prompt) - common + 1)
         max_tokens = max(1, min(params.max_tokens, self.n_ctx - len(prompt)))
         todo = prompt[common:-1]
-        for i in range(0, len(todo), self.n_batch):
-            part = todo[i : i + self.n_batch]
-            with self._turns:
-                self._decode(slot.seq_id, part, len(slot.tokens), all_logits=False)
-            slot.tokens.extend(part)
+        done = 0
+        while done < len(todo):
+            # in chunks the steps of the other generations leave room for
+            part = StepRows(slot.seq_id, todo[done : done + self.n_batch], len(slot.tokens),
+                            room=self.n_batch, prompt=True)
+            with self._steps.step(part):
+                slot.tokens.extend(part.tokens[: part.kept])
+            done += part.kept
         stats.prompt_s = time.perf_counter() - t_start
 
         context = list(prompt)
@@ -465,21 +515,28 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                     nxt_state = states[-1].copy()
                     nxt_state.accept(t)
                     states.append(nxt_state)
-            if not path:
-                source = "none"
-            batch = [pending, *path]
-            # Pad to a cheaper batch shape (llama.cpp's kernels like multiples of 4):
-            # the padding is evaluated but never accepted, so the output is unchanged.
-            batch += [batch[-1]] * self._padding(len(batch), min(room + 1, self.n_batch))
+            # A suffix-tree path draft may be cut by the step's joint plan (its calibrated
+            # acceptance estimates say where); a grammar's drafts and others stay whole.
+            probs = getattr(draft_obj, "probs", None)
+            is_path = getattr(draft_obj, "is_path", None)
+            trimmable = (state is None and probs is not None and len(probs) >= len(path)
+                         and hasattr(draft_obj, "head") and callable(is_path) and is_path())
             n_past = len(slot.tokens)
+            req = StepRows(slot.seq_id, [pending, *path], n_past,
+                           room=min(room + 1, self.n_batch),
+                           probs=list(probs[: len(path)]) if trimmable else None)
             gaps: list[TokenGap] = []
-            with self._turns:
-                t_step = time.perf_counter()
-                self._decode(slot.seq_id, batch, n_past, all_logits=True, outputs=len(path) + 1)
-                self._observe_cost(len(path) + 1, time.perf_counter() - t_step)
+            with self._steps.step(req):
+                if req.kept - 1 < len(path):
+                    path = path[: req.kept - 1]
+                    draft_obj = _cut(draft_obj, len(path))
+                if not path:
+                    source = "none"
+                if req.shared == 1:
+                    self._observe_cost(req.kept, req.step_s)
                 # Rows are read in place and only up to the first rejection: copying
                 # 262k logits per drafted position costs more than the argmax.
-                rows = _LogitRows(self, len(path) + 1)
+                rows = _LogitRows(self, len(path) + 1, req.offset)
                 if greedy:
                     accepted = 0
                     nxt = _greedy(rows, states, 0)
@@ -488,7 +545,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                         nxt = _greedy(rows, states, accepted)
                     if params.record_gaps:
                         t_rec = time.perf_counter()
-                        shape = tuple(batch)
+                        own = req.tokens[: req.kept]
+                        shape = tuple(own + [own[-1]] * (req.rows - req.kept))
                         for i in range(accepted + 1):
                             row = states[i].mask(rows[i]) if states else rows[i]
                             g = token_gap(row, path[i] if i < accepted else nxt)
@@ -502,16 +560,19 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                         else None
                     accepted, nxt = speculative_sample(rows, path, dist, noise, generated,
                                                        winner)
+                # Keep the evaluated pending token and the accepted draft; drop the rest
+                # (padding included) before the next step's decode.
+                keep = n_past + 1 + accepted
+                if keep < n_past + req.rows:
+                    with self._mem_lock:
+                        self._seq_rm(slot.seq_id, keep)
+                req.emitted = accepted + 1
             if state is not None:
                 # the state after the accepted draft takes the verifier's own token
                 state = states[accepted]
                 if not state.allows(nxt):
                     raise GrammarError("the grammar allows no token here (a dead end)")
                 state.accept(nxt)
-            # Keep the evaluated pending token and the accepted draft; drop the rest.
-            keep = n_past + 1 + accepted
-            if keep < n_past + len(batch):
-                self._seq_rm(slot.seq_id, keep)
             slot.tokens.append(pending)
             slot.tokens.extend(path[:accepted])
             new = [*path[:accepted], nxt]

@@ -79,6 +79,7 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
                 out.batch_padding[k] = padded
             if rt.fallback is not None:
                 out.draft_model = json.dumps(rt.fallback.stats())
+            out.batching = json.dumps(rt.verifier.batch_stats())
         return out
 
     def Generate(

@@ -109,6 +109,27 @@ class EngineCollector(Collector):
                            key=lambda kv: int(kv[0])):
             cost.add_metric([str(k)], float(c))
         yield cost
+        verifier = getattr(rt, "verifier", None)
+        if verifier is None:
+            return
+        b = verifier.batch_stats()
+        steps = CounterMetricFamily(
+            "suffixd_verifier_steps", "Verifier steps (one decode each), by how many "
+            "generations shared it.", labels=["sequences"])
+        for n, count in b["by_sequences"].items():
+            steps.add_metric([n], count)
+        rows = CounterMetricFamily(
+            "suffixd_verifier_rows", "Rows the verifier evaluated, by kind: verified "
+            "(a token and its draft), padding (equal rows per sequence), prompt.",
+            labels=["kind"])
+        rows.add_metric(["verified"], b["rows"] - b["padding_rows"] - b["prompt_rows"])
+        rows.add_metric(["padding"], b["padding_rows"])
+        rows.add_metric(["prompt"], b["prompt_rows"])
+        cut = CounterMetricFamily(
+            "suffixd_verifier_draft_tokens_cut", "Draft tokens the joint plan of a shared "
+            "step cut.")
+        cut.add_metric([], b["trimmed_draft_tokens"])
+        yield from (steps, rows, cut)
 
 
 # The label value of every namespace's figures summed (without --metrics-namespaces).

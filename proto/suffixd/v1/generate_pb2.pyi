@@ -11,7 +11,7 @@ class GeneratorStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GeneratorStatusResponse(_message.Message):
-    __slots__ = ("loaded", "model", "cost_profile", "batch_padding", "draft_model", "phase", "phase_seconds")
+    __slots__ = ("loaded", "model", "cost_profile", "batch_padding", "draft_model", "phase", "phase_seconds", "batching")
     class CostProfileEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class GeneratorStatusResponse(_message.Message):
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     PHASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BATCHING_FIELD_NUMBER: _ClassVar[int]
     loaded: bool
     model: str
     cost_profile: _containers.ScalarMap[int, float]
@@ -40,7 +41,8 @@ class GeneratorStatusResponse(_message.Message):
     draft_model: str
     phase: str
     phase_seconds: float
-    def __init__(self, loaded: _Optional[bool] = ..., model: _Optional[str] = ..., cost_profile: _Optional[_Mapping[int, float]] = ..., batch_padding: _Optional[_Mapping[int, int]] = ..., draft_model: _Optional[str] = ..., phase: _Optional[str] = ..., phase_seconds: _Optional[float] = ...) -> None: ...
+    batching: str
+    def __init__(self, loaded: _Optional[bool] = ..., model: _Optional[str] = ..., cost_profile: _Optional[_Mapping[int, float]] = ..., batch_padding: _Optional[_Mapping[int, int]] = ..., draft_model: _Optional[str] = ..., phase: _Optional[str] = ..., phase_seconds: _Optional[float] = ..., batching: _Optional[str] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")

@@ -1,0 +1,331 @@
+"""`suffixd bench agent --concurrency N1,N2,...`: N agent sessions at once through the
+OpenAI endpoint, side by side with llama-server ``-np N``.
+
+For every concurrency level N and every system a fresh server is started: suffixd
+(``serve --http``, ``--kv-slots N`` when N > 4, else its default 4) and, with
+``--llama-server``, llama-server plain and its n-gram types (``-np N``, each slot with
+suffixd's per-session context). N worker threads then take whole sessions from a queue
+and replay their turns in order (N = sessions: all at once; N = 1: one after another).
+Every turn sends the conversation so far (the recorded history, as the replay protocol
+has it), greedy, up to ``--max-tokens``:
+
+* suffixd: ``/v1/chat/completions`` with the official ``openai`` client, the session
+  named (``X-Suffixd-Session``);
+* llama-server: the very prompt tokens the daemon renders (its chat renderer, in this
+  process) on ``/completion``, the slot left to llama-server (longest common prefix).
+
+Turns that do not fit the context (prompt + max tokens + 64) are skipped for every
+system and counted. Reported per (system, N): aggregate completion tok/s (all completion
+tokens over the wall time from the first request to the last reply), that wall time,
+mean session wall, turn mean and p95, decode tok/s as the servers report it (per
+request), turns; per N, suffixd's aggregate rate against the best llama-server system's
+and against suffixd's own at N = 1; and ``greedy_same``: the turns whose suffixd text at
+N equals suffixd's text at the first level (batching must not change greedy output).
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from .bench_generate import fits_side_by_side, p95
+
+S = TypeVar("S")
+R = TypeVar("R")
+Messages = list[dict[str, str]]
+
+
+def parse_levels(text: str) -> list[int]:
+    """``"1,4"`` -> [1, 4] (positive, first occurrence kept, in the order given)."""
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise click.BadParameter("a comma-separated list of positive integers, e.g. 1,4",
+                                 param_hint="--concurrency")
+    return list(dict.fromkeys(levels))
+
+
+def first_turns(todo: list[tuple[str, Messages]], k: int) -> list[tuple[str, Messages]]:
+    """The first ``k`` turns of each session (all for ``k`` 0), in order."""
+    if k <= 0:
+        return todo
+    seen: dict[str, int] = {}
+    out = []
+    for session, msgs in todo:
+        seen[session] = seen.get(session, 0) + 1
+        if seen[session] <= k:
+            out.append((session, msgs))
+    return out
+
+
+@dataclass(frozen=True)
+class PlannedTurn:
+    index: int  # the turn's place among its session's assistant turns
+    messages: Messages
+    prompt: list[int]  # as the daemon renders it
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    session: str
+    index: int
+    start: float
+    end: float
+    tokens: int
+    decode_s: float
+    text: str
+
+
+def plan_sessions(todo: list[tuple[str, Messages]], render: Callable[[Messages], list[int]],
+                  max_tokens: int, n_ctx: int
+                  ) -> tuple[list[tuple[str, list[PlannedTurn]]], int]:
+    """The sessions in file order with the turns that fit ``n_ctx``; and how many did not."""
+    plan: list[tuple[str, list[PlannedTurn]]] = []
+    skipped = 0
+    for session, group in itertools.groupby(todo, key=lambda t: t[0]):
+        turns = []
+        for i, (_, msgs) in enumerate(group):
+            prompt = render(msgs)
+            if fits_side_by_side(len(prompt), max_tokens, n_ctx):
+                turns.append(PlannedTurn(i, msgs, prompt))
+            else:
+                skipped += 1
+        if turns:
+            plan.append((session, turns))
+    return plan, skipped
+
+
+def run_sessions(sessions: Sequence[S], workers: int, run_one: Callable[[S], R]) -> list[R]:
+    """``run_one`` on every session, on ``workers`` threads that each take the next whole
+    session from a queue; the results in the sessions' order. The first error stops the
+    workers (after their current session) and is raised."""
+    todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for i in range(len(sessions)):
+        todo.put(i)
+    results: dict[int, R] = {}
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        while not errors:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                results[i] = run_one(sessions[i])
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+                errors.append(exc)
+
+    threads = [threading.Thread(target=work, daemon=True)
+               for _ in range(max(1, min(workers, len(sessions))))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [results[i] for i in range(len(sessions))]
+
+
+def replay(session: str, turns: Sequence[PlannedTurn],
+           send: Callable[[str, PlannedTurn], tuple[int, float, str]]) -> list[TurnResult]:
+    """A session's turns in order; ``send`` gives (completion tokens, decode s, text)."""
+    out = []
+    for t in turns:
+        t0 = time.perf_counter()
+        tokens, decode_s, text = send(session, t)
+        out.append(TurnResult(session, t.index, t0, time.perf_counter(), tokens, decode_s, text))
+    return out
+
+
+def aggregate(results: Sequence[TurnResult]) -> dict[str, Any]:
+    """One (system, N)'s figures (see the module docstring)."""
+    if not results:
+        return {"agg_tok_s": 0.0, "wall_s": 0.0, "session_wall_s": 0.0, "turn_s": 0.0,
+                "turn_p95_s": 0.0, "decode_tok_s": 0.0, "tokens": 0, "turns": 0}
+    wall = max(r.end for r in results) - min(r.start for r in results)
+    tokens = sum(r.tokens for r in results)
+    decode_s = sum(r.decode_s for r in results)
+    spans: dict[str, tuple[float, float]] = {}
+    for r in results:
+        a, b = spans.get(r.session, (r.start, r.end))
+        spans[r.session] = (min(a, r.start), max(b, r.end))
+    turn_s = [r.end - r.start for r in results]
+    return {
+        "agg_tok_s": round(tokens / wall, 2) if wall > 0 else 0.0,
+        "wall_s": round(wall, 3),
+        "session_wall_s": round(sum(b - a for a, b in spans.values()) / len(spans), 3),
+        "turn_s": round(sum(turn_s) / len(turn_s), 4),
+        "turn_p95_s": round(p95(turn_s), 4),
+        "decode_tok_s": round(tokens / decode_s, 2) if decode_s > 0 else 0.0,
+        "tokens": tokens,
+        "turns": len(results),
+    }
+
+
+def ratios(results: dict[str, dict[int, dict[str, Any]]], levels: Sequence[int]
+           ) -> dict[str, dict[str, Any]]:
+    """Per N: the best llama-server system by aggregate tok/s, suffixd's rate against it,
+    and suffixd's rate against its own at N = 1 (when 1 is a level)."""
+    out: dict[str, dict[str, Any]] = {"ls_best": {}, "suffixd_vs_ls_best": {},
+                                      "suffixd_vs_n1": {}}
+    ours = results.get("suffixd", {})
+    ls = [s for s in results if s != "suffixd"]
+    for n in levels:
+        rate = ours[n]["agg_tok_s"] if n in ours else 0.0
+        if ls:
+            best = max(ls, key=lambda s: results[s][n]["agg_tok_s"])
+            out["ls_best"][str(n)] = best
+            out["suffixd_vs_ls_best"][str(n)] = round(
+                rate / max(results[best][n]["agg_tok_s"], 1e-9), 4)
+        if 1 in ours:
+            out["suffixd_vs_n1"][str(n)] = round(rate / max(ours[1]["agg_tok_s"], 1e-9), 4)
+    return out
+
+
+def greedy_same(texts: dict[int, dict[tuple[str, int], str]], levels: Sequence[int]
+                ) -> dict[str, str]:
+    """Per level after the first: "equal/total" turns whose text equals the first level's."""
+    ref = texts.get(levels[0], {})
+    out = {}
+    for n in levels[1:]:
+        got = texts.get(n, {})
+        keys = [k for k in ref if k in got]
+        out[str(n)] = f"{sum(got[k] == ref[k] for k in keys)}/{len(keys)}"
+    return out
+
+
+def _stop(proc: Any) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: list[int],
+                    max_tokens: int, model: str | None, model_path: Path, n_ctx: int,
+                    threads: int, llama_server: str | None, spec_types: str | None,
+                    ls_flash_attn: str, ls_plain: bool) -> dict[str, Any]:
+    """Every level, every system, a fresh server each; the figures as one JSON object."""
+    import openai
+
+    from ..client import Client
+    from ..daemon.generation.chat import ChatRenderer
+    from ..daemon.generation.verifier import Verifier
+    from .bench_http import _start_daemon
+    from .llama_server import start_servers
+
+    # this process renders what the daemon renders, for llama-server (no decoding here)
+    renderer_v = Verifier(model_path, n_ctx=256, n_slots=1, n_threads=1)
+    try:
+        n_ctx = min(n_ctx or renderer_v.n_ctx_train, renderer_v.n_ctx_train)
+        renderer = ChatRenderer(renderer_v)
+        plan, skipped = plan_sessions(todo, renderer.tokens, max_tokens, n_ctx)
+    finally:
+        renderer_v.close()
+    if not plan:
+        raise click.ClickException(f"no turn fits {n_ctx} tokens")
+    results: dict[str, dict[int, dict[str, Any]]] = {}
+    texts: dict[int, dict[tuple[str, int], str]] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="suffixd-bench-concurrency-"))
+
+    def measure(system: str, n: int, send: Callable[[str, PlannedTurn], tuple[int, float, str]]
+                ) -> list[TurnResult]:
+        done = run_sessions(plan, n, lambda s: replay(s[0], s[1], send))
+        flat = [r for rs in done for r in rs]
+        results.setdefault(system, {})[n] = aggregate(flat)
+        return flat
+
+    try:
+        for n in levels:
+            (tmp / f"n{n}").mkdir()
+            proc, target, base_url = _start_daemon(tmp / f"n{n}" / "data", model, threads,
+                                                   n_ctx, kv_slots=n if n > 4 else None)
+            try:
+                client = Client(target)
+                client.wait_ready()
+                while not client.generator_status().get("loaded"):
+                    if proc.poll() is not None:
+                        raise click.ClickException(f"the daemon exited ({proc.returncode})")
+                    time.sleep(0.5)
+                client.close()
+                oai = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0,
+                                    timeout=1800)
+
+                def ask(session: str, t: PlannedTurn, oai: Any = oai
+                        ) -> tuple[int, float, str]:
+                    r = oai.chat.completions.create(
+                        model="default", messages=t.messages,
+                        temperature=0, max_tokens=max_tokens, extra_headers={
+                            "X-Suffixd-Namespace": "bench-concurrency",
+                            "X-Suffixd-Session": session})
+                    extra = (r.model_extra or {}).get("suffixd", {})
+                    return (r.usage.completion_tokens if r.usage else 0,
+                            float(extra.get("decode_seconds", 0.0)),
+                            r.choices[0].message.content or "")
+
+                flat = measure("suffixd", n, ask)
+                texts[n] = {(r.session, r.index): r.text for r in flat}
+            finally:
+                _stop(proc)
+            if not llama_server:
+                continue
+            servers = start_servers(llama_server, model_path, threads=threads, n_ctx=n_ctx,
+                                    spec_types_wanted=spec_types, flash_attn=ls_flash_attn,
+                                    plain=ls_plain, n_parallel=n)
+            try:
+                for name, srv in servers.items():
+                    def complete(session: str, t: PlannedTurn, srv: Any = srv
+                                 ) -> tuple[int, float, str]:
+                        turn = srv.complete(t.prompt, max_tokens)
+                        return turn.predicted_n, turn.decode_s, ""
+
+                    measure(name, n, complete)
+            finally:
+                for srv in servers.values():
+                    srv.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    return {"workload": str(workload), "sessions": len(plan),
+            "turns": sum(len(t) for _, t in plan), "skipped_turns": skipped, "n_ctx": n_ctx,
+            "max_tokens": max_tokens, "threads": threads, "concurrency": levels,
+            "results": {s: {str(n): v for n, v in r.items()} for s, r in results.items()},
+            **ratios(results, levels), "greedy_same": greedy_same(texts, levels)}
+
+
+def report(out: dict[str, Any]) -> None:
+    """The table ``run_concurrency``'s figures make."""
+    click.echo(f"{Path(out['workload']).name}: {out['sessions']} sessions, {out['turns']} "
+               f"turns ({out['skipped_turns']} do not fit {out['n_ctx']} tokens), "
+               f"{out['max_tokens']} tokens max, {out['threads']} threads")
+    click.echo(f"{'system':<16} {'N':>3} {'agg tok/s':>10} {'wall s':>8} {'session s':>10} "
+               f"{'turn s':>8} {'p95 s':>7} {'decode tok/s':>13} {'turns':>6}")
+    for n in out["concurrency"]:
+        for s, r in out["results"].items():
+            v = r[str(n)]
+            click.echo(f"{s:<16} {n:>3} {v['agg_tok_s']:>10.2f} {v['wall_s']:>8.2f} "
+                       f"{v['session_wall_s']:>10.2f} {v['turn_s']:>8.3f} "
+                       f"{v['turn_p95_s']:>7.3f} {v['decode_tok_s']:>13.2f} {v['turns']:>6}")
+    for n, best in out["ls_best"].items():
+        click.echo(f"N={n}: suffixd / {best} aggregate tok/s: "
+                   f"{out['suffixd_vs_ls_best'][n]:.3f}")
+    for n, x in out["suffixd_vs_n1"].items():
+        click.echo(f"N={n}: suffixd / suffixd at N=1 aggregate tok/s: {x:.3f}")
+    for n, same in out["greedy_same"].items():
+        click.echo(f"N={n}: suffixd text same as at N={out['concurrency'][0]}: {same}")

@@ -1,0 +1,362 @@
+"""One ``llama_decode`` per step for every active generation (continuous batching).
+
+Each generation runs in its own thread and, at every step, hands the batcher what it
+wants evaluated (``StepRows``): its last token and its draft, or a chunk of its prompt.
+The first thread that finds the model free and every active generation's rows in (or
+the others late by more than a few milliseconds) leads: it plans the step
+(``plan_step``), runs one decode for all of them, and wakes them; each then verifies,
+accepts and rolls back its own rows, exactly as alone, and leaves the step. The next
+decode starts once every sequence of the last one has read its logits (they live in
+llama.cpp's buffer until the next decode).
+
+Planning a step (pure, unit-tested):
+
+* Token budget: the decoding rows first (arrival order), then prompt chunks fill what
+  is left, so a long new prompt joins the step in pieces instead of stalling the others.
+* Joint draft lengths: with several decoding sequences, each one's draft is cut to the
+  prefix that maximises the step's expected tokens (1 per sequence, plus each draft
+  token's calibrated acceptance probability) minus ``rate`` x the step's cost, where
+  ``rate`` is the tokens per unit of cost the batcher achieves (Dinkelbach, as the
+  drafter does for one sequence; the step's cost depends on the whole batch, so the
+  lengths are chosen together over the candidates of every sequence, best first).
+* Equal rows per sequence: with a KV stream per sequence, llama.cpp splits a batch into
+  ubatches holding the same number of rows of consecutive sequence ids; unequal drafts
+  would cost one ubatch each. Rows are padded (no logits, rolled back with the rejected
+  draft) to the longest of each run of consecutive ids, which on the 2-core CPU measured
+  costs a padded row about PAD_ROW_WEIGHT of a row with logits (the 262k-wide output
+  layer runs only for rows with logits).
+
+The batcher knows nothing of llama.cpp: the verifier gives it the decode to run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+# Cost of a padding row (no logits) relative to a verified row. gemma-3-270m, 2-core
+# Sapphire Rapids, 4 sequences of 1,500 cached tokens: 30 padding rows added 81 ms to a
+# 64-row batch where 60 verified rows cost 395 ms.
+PAD_ROW_WEIGHT = 0.4
+# A prompt chunk's share of a step when decoding rows would fill it: prompts still move.
+PROMPT_RESERVE = 64
+RATE_PRIOR = 8.0  # pseudo-steps at 1 token per unit of cost, before any feedback
+RATE_DECAY = 0.99
+# How long a step waits for active generations that have not handed in their rows,
+# relative to the last decode's duration (bounded below and above, in seconds).
+GATHER_FRACTION = 0.3
+GATHER_MIN_S = 0.002
+GATHER_MAX_S = 0.05
+
+
+@dataclass(eq=False)
+class StepRows:
+    """What one sequence wants evaluated in a step, and what the step gave it."""
+
+    seq_id: int
+    tokens: list[int]  # a decode: [last token, *draft]; a prompt chunk: prompt tokens
+    pos0: int
+    room: int  # the most rows this sequence may take (the end of its context, n_batch)
+    prompt: bool = False  # a prompt chunk: no logits; the plan may take only its head
+    # A decode's draft tokens' calibrated cumulative acceptance probabilities: the plan
+    # may cut the draft (None: the draft is kept whole)
+    probs: Sequence[float] | None = None
+    # set by the plan and the step
+    kept: int = 0  # tokens of ``tokens`` evaluated
+    rows: int = 0  # rows evaluated, padding included
+    offset: int = 0  # batch index of its first row
+    shared: int = 0  # sequences in the step
+    step_s: float = 0.0  # the decode's duration
+    emitted: int = 0  # set by the sequence after verifying: tokens it emitted
+    arrived: float = 0.0
+    done: bool = False
+    error: BaseException | None = None
+
+    @property
+    def outputs(self) -> int:
+        """Rows with logits: every kept row of a decode, none of a prompt chunk."""
+        return 0 if self.prompt else self.kept
+
+
+@dataclass
+class BatchCounters:
+    steps: int = 0
+    sequences: int = 0  # summed over steps
+    rows: int = 0  # evaluated, padding included
+    padding_rows: int = 0
+    prompt_rows: int = 0
+    trimmed_draft_tokens: int = 0  # draft tokens the joint plan cut
+    max_sequences: int = 0
+    by_sequences: dict[int, int] = field(default_factory=dict)  # sequences -> steps
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "steps": self.steps, "sequences": self.sequences, "rows": self.rows,
+            "padding_rows": self.padding_rows, "prompt_rows": self.prompt_rows,
+            "trimmed_draft_tokens": self.trimmed_draft_tokens,
+            "max_sequences": self.max_sequences,
+            "by_sequences": {str(k): v for k, v in sorted(self.by_sequences.items())},
+        }
+
+
+def step_cost(cost: Callable[[int], float], rows: Sequence[int], outputs: Sequence[int]) -> float:
+    """The modelled cost of a step: its verified rows at the profile's cost, its padding
+    rows at PAD_ROW_WEIGHT of what they would add as verified rows."""
+    out, total = sum(outputs), sum(rows)
+    base = cost(out) if out else 0.0
+    return base + PAD_ROW_WEIGHT * (cost(total) - base) if total > out else base
+
+
+def _runs(reqs: Sequence[StepRows]) -> list[list[StepRows]]:
+    """Decoding requests grouped into runs of consecutive sequence ids."""
+    runs: list[list[StepRows]] = []
+    for r in sorted(reqs, key=lambda r: r.seq_id):
+        if runs and r.seq_id == runs[-1][-1].seq_id + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return runs
+
+
+def padded_rows(reqs: Sequence[StepRows], kept: Sequence[int]) -> list[int]:
+    """Rows per request once each run of consecutive ids is padded to its longest."""
+    idx = {id(r): i for i, r in enumerate(reqs)}
+    rows = list(kept)
+    for run in _runs(reqs):
+        longest = max(kept[idx[id(r)]] for r in run)
+        for r in run:
+            i = idx[id(r)]
+            rows[i] = max(kept[i], min(longest, r.room))
+    return rows
+
+
+def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
+                  rate: float) -> list[int]:
+    """Rows kept per decoding request (1 + draft tokens, at most its ``kept``), chosen
+    together: the prefix of all candidates, most probable first, that maximises
+    expected tokens - rate * cost."""
+    kept = [1 if r.probs is not None else r.kept for r in reqs]
+    cands: list[tuple[float, int, int]] = []
+    for i, r in enumerate(reqs):
+        if r.probs is None:
+            continue
+        low = 1.0
+        for j, p in enumerate(r.probs[: r.kept - 1]):
+            low = min(low, float(p))  # a token is accepted only after those before it
+            cands.append((-low, j, i))
+    cands.sort()
+
+    def value(expected: float) -> float:
+        rows = padded_rows(reqs, kept)
+        return expected - rate * step_cost(cost, rows, kept)
+
+    expected = float(len(reqs))  # the drafts kept whole add a constant: left out
+    best, best_kept = value(expected), list(kept)
+    for neg_p, j, i in cands:
+        if kept[i] != j + 1:  # a draft is a path: its tokens come in order
+            continue
+        kept[i] += 1
+        expected -= neg_p
+        v = value(expected)
+        if v > best:
+            best, best_kept = v, list(kept)
+    return best_kept
+
+
+def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], float],
+              rate: float, pad_to: Callable[[int, int], int] | None = None) -> list[StepRows]:
+    """Choose this step's requests and set their ``kept``, ``rows`` and ``offset``; the
+    rest wait for the next step. Never empty when ``pending`` is not."""
+    decodes = [r for r in pending if not r.prompt]
+    prompts = [r for r in pending if r.prompt]
+    budget = n_batch - (min(PROMPT_RESERVE, n_batch // 2) if prompts else 0)
+    chosen: list[StepRows] = []
+    used = 0
+    for r in decodes:
+        if used >= budget:
+            break
+        want = min(len(r.tokens), r.room, budget - used)
+        if want < 1:
+            continue
+        r.kept = want
+        chosen.append(r)
+        used += want
+    if len(chosen) > 1:
+        for r, k in zip(chosen, joint_lengths(chosen, cost, rate), strict=True):
+            r.kept = min(r.kept, k)
+    rows = padded_rows(chosen, [r.kept for r in chosen])
+    if len(chosen) == 1 and pad_to is not None:
+        # one sequence: pad to a cheaper measured batch shape, as a lone step always did
+        rows[0] += pad_to(rows[0], chosen[0].room)
+    # padding must stay within the budget: drop it where it would not
+    for i in range(len(rows) - 1, -1, -1):
+        if sum(rows) <= n_batch:
+            break
+        rows[i] = chosen[i].kept
+    for r, n in zip(chosen, rows, strict=True):
+        r.rows = n
+    used = sum(rows)
+    for r in prompts:
+        left = n_batch - used
+        if left <= 0:
+            break
+        r.kept = r.rows = min(len(r.tokens), left, r.room)
+        if r.kept < 1:
+            continue
+        chosen.append(r)
+        used += r.rows
+    if not chosen and pending:  # nothing fits the budget: the first request alone
+        r = pending[0]
+        r.kept = r.rows = max(1, min(len(r.tokens), r.room, n_batch))
+        chosen.append(r)
+    # decoding rows by sequence id (runs of consecutive ids share ubatches), prompts after
+    chosen.sort(key=lambda r: (r.prompt, r.seq_id))
+    offset = 0
+    for r in chosen:
+        r.offset = offset
+        r.shared = len(chosen)
+        offset += r.rows
+    return chosen
+
+
+class StepBatcher:
+    """Gathers the active generations' rows and runs one decode per step for them all."""
+
+    def __init__(
+        self,
+        run: Callable[[list[StepRows]], None],
+        n_batch: int,
+        cost: Callable[[int], float],
+        pad_to: Callable[[int, int], int] | None = None,
+    ) -> None:
+        """``run(rows)``: evaluate the planned rows in one decode. ``cost(n)``: what a
+        step of n verified rows costs relative to one."""
+        self._run = run
+        self.n_batch = n_batch
+        self._cost = cost
+        self._pad_to = pad_to
+        self._cond = threading.Condition()
+        self._pending: list[StepRows] = []
+        self._members = 0  # generations between join() and leave()
+        self._in_flight = 0  # sequences of the last step still reading their logits
+        self._busy = False  # a decode or an exclusive holder has the model
+        self._exclusive_waiting = 0
+        self._free_since = time.monotonic()
+        self._decode_s = 0.02
+        self._rate_tokens = RATE_PRIOR
+        self._rate_cost = RATE_PRIOR
+        self.counters = BatchCounters()
+
+    @property
+    def rate(self) -> float:
+        """Tokens emitted per unit of step cost, recently."""
+        return self._rate_tokens / self._rate_cost
+
+    def join(self) -> None:
+        with self._cond:
+            self._members += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self._members -= 1
+            self._cond.notify_all()
+
+    @contextmanager
+    def step(self, req: StepRows) -> Iterator[StepRows]:
+        """Evaluate ``req`` in the next step; inside the block its logits are readable
+        (rows ``offset .. offset + kept``) and its KV may be rolled back. Set
+        ``req.emitted`` before leaving it."""
+        self._submit(req)
+        try:
+            yield req
+        finally:
+            with self._cond:
+                self._rate_tokens += req.emitted
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._free_since = time.monotonic()
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The model alone, between two steps (cost measurement, certification, KV
+        surgery on a slot that is not stepping)."""
+        with self._cond:
+            self._exclusive_waiting += 1
+            while self._busy or self._in_flight:
+                self._cond.wait()
+            self._exclusive_waiting -= 1
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy = False
+                self._free_since = time.monotonic()
+                self._cond.notify_all()
+
+    def _submit(self, req: StepRows) -> None:
+        cond = self._cond
+        with cond:
+            req.arrived = time.monotonic()
+            req.done, req.error = False, None
+            self._pending.append(req)
+            cond.notify_all()
+            while not req.done:
+                if self._busy or self._in_flight or self._exclusive_waiting \
+                        or not self._pending:
+                    cond.wait()
+                    continue
+                start = max(self._free_since, min(r.arrived for r in self._pending))
+                gather = min(GATHER_MAX_S, max(GATHER_MIN_S, GATHER_FRACTION * self._decode_s))
+                left = start + gather - time.monotonic()
+                if len(self._pending) < self._members and left > 0:
+                    cond.wait(left)
+                    continue
+                self._lead()
+            if req.error is not None:
+                raise req.error
+
+    def _lead(self) -> None:
+        """Plan and run one step (called with the condition held; released meanwhile)."""
+        batch = plan_step(self._pending, self.n_batch, self._cost, self.rate, self._pad_to)
+        taken = {id(r) for r in batch}
+        self._pending = [r for r in self._pending if id(r) not in taken]
+        self._busy = True
+        error: BaseException | None = None
+        self._cond.release()
+        t0 = time.perf_counter()
+        try:
+            self._run(batch)
+        except BaseException as exc:  # every sequence of the step gets it
+            error = exc
+        finally:
+            dt = time.perf_counter() - t0
+            self._cond.acquire()
+        self._busy = False
+        self._decode_s += 0.2 * (dt - self._decode_s)
+        c = self.counters
+        c.steps += 1
+        c.sequences += len(batch)
+        c.rows += sum(r.rows for r in batch)
+        c.padding_rows += sum(r.rows - r.kept for r in batch)
+        c.prompt_rows += sum(r.rows for r in batch if r.prompt)
+        c.trimmed_draft_tokens += sum(len(r.tokens) - r.kept for r in batch if not r.prompt)
+        c.max_sequences = max(c.max_sequences, len(batch))
+        c.by_sequences[len(batch)] = c.by_sequences.get(len(batch), 0) + 1
+        decodes = [r for r in batch if not r.prompt]
+        if decodes:
+            self._rate_tokens *= RATE_DECAY
+            self._rate_cost = self._rate_cost * RATE_DECAY + step_cost(
+                self._cost, [r.rows for r in decodes], [r.kept for r in decodes])
+        for r in batch:
+            r.step_s = dt
+            r.error = error
+            r.done = True
+        self._in_flight = 0 if error is not None else len(batch)
+        if error is not None:
+            self._free_since = time.monotonic()
+        self._cond.notify_all()

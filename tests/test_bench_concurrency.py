@@ -1,0 +1,149 @@
+"""`suffixd bench agent --concurrency`: its pure logic (no model, no server)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+from suffixd.cli.bench_concurrency import (
+    PlannedTurn,
+    TurnResult,
+    aggregate,
+    first_turns,
+    greedy_same,
+    parse_levels,
+    plan_sessions,
+    ratios,
+    replay,
+    run_sessions,
+)
+from suffixd.cli.main import main
+
+
+def _msgs(n: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": "x"}] * n
+
+
+TODO = [("a", _msgs(1)), ("a", _msgs(3)), ("a", _msgs(5)), ("b", _msgs(1)), ("b", _msgs(3))]
+
+
+def test_parse_levels() -> None:
+    assert parse_levels("1,4") == [1, 4]
+    assert parse_levels(" 2, 1 ,2") == [2, 1]
+    for bad in ("", "0", "1,x", "-1"):
+        with pytest.raises(Exception, match="positive"):
+            parse_levels(bad)
+
+
+def test_first_turns_keeps_the_first_k_of_each_session() -> None:
+    assert first_turns(TODO, 0) == TODO
+    assert [s for s, _ in first_turns(TODO, 2)] == ["a", "a", "b", "b"]
+    assert first_turns(TODO, 1) == [TODO[0], TODO[3]]
+
+
+def test_plan_skips_turns_that_do_not_fit_and_counts_them() -> None:
+    # a prompt of 100 tokens per message; 8 generated + 64 must fit too
+    plan, skipped = plan_sessions(TODO, lambda m: [0] * (100 * len(m)), 8, 400)
+    assert skipped == 1  # a's third turn: 500 + 8 + 64 > 400
+    assert [(s, [t.index for t in ts]) for s, ts in plan] == [("a", [0, 1]), ("b", [0, 1])]
+    assert len(plan[0][1][1].prompt) == 300
+    plan, skipped = plan_sessions(TODO, lambda m: [0] * (100 * len(m)), 8, 100)
+    assert plan == [] and skipped == 5
+
+
+def _tracked(workers: int, sessions: int, hold: float) -> tuple[int, list[str]]:
+    lock = threading.Lock()
+    active = peak = 0
+    order: list[str] = []
+
+    def run_one(s: str) -> str:
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+            order.append(s)
+        time.sleep(hold)
+        with lock:
+            active -= 1
+        return s.upper()
+
+    names = [f"s{i}" for i in range(sessions)]
+    assert run_sessions(names, workers, run_one) == [n.upper() for n in names]
+    return peak, order
+
+
+def test_one_worker_runs_sessions_one_after_another_in_order() -> None:
+    peak, order = _tracked(1, 4, 0.0)
+    assert peak == 1 and order == ["s0", "s1", "s2", "s3"]
+
+
+def test_n_workers_run_n_sessions_at_once() -> None:
+    barrier = threading.Barrier(3, timeout=5)  # broken unless three sessions run together
+    assert run_sessions(["a", "b", "c"], 3, lambda s: (barrier.wait(), s)[1]) == ["a", "b", "c"]
+    peak, order = _tracked(2, 5, 0.02)
+    assert peak == 2 and sorted(order) == [f"s{i}" for i in range(5)]
+    assert _tracked(8, 3, 0.0)[0] <= 3  # never more workers than sessions
+
+
+def test_run_sessions_raises_the_first_error() -> None:
+    def run_one(s: str) -> str:
+        if s == "b":
+            raise RuntimeError("boom")
+        return s
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_sessions(["a", "b", "c"], 2, run_one)
+
+
+def test_replay_sends_a_sessions_turns_in_order() -> None:
+    turns = [PlannedTurn(i, _msgs(i + 1), [0] * i) for i in (0, 2, 3)]
+    seen: list[int] = []
+
+    def send(session: str, t: PlannedTurn) -> tuple[int, float, str]:
+        seen.append(t.index)
+        return 4, 0.5, f"{session}{t.index}"
+
+    out = replay("x", turns, send)
+    assert seen == [0, 2, 3] and [r.text for r in out] == ["x0", "x2", "x3"]
+    assert all(r.end >= r.start for r in out) and out[1].start >= out[0].end
+
+
+def test_aggregate() -> None:
+    results = [  # session a: 0-1, 1-3; session b: 0.5-2.5 (at once)
+        TurnResult("a", 0, 0.0, 1.0, 10, 0.5, ""),
+        TurnResult("a", 1, 1.0, 3.0, 20, 1.0, ""),
+        TurnResult("b", 0, 0.5, 2.5, 30, 1.5, ""),
+    ]
+    out = aggregate(results)
+    assert out["wall_s"] == 3.0 and out["tokens"] == 60 and out["agg_tok_s"] == 20.0
+    assert out["session_wall_s"] == 2.5  # (3 + 2) / 2
+    assert out["turn_s"] == round(5 / 3, 4) and out["turn_p95_s"] == 2.0
+    assert out["decode_tok_s"] == 20.0 and out["turns"] == 3
+    assert aggregate([])["turns"] == 0
+
+
+def test_ratios() -> None:
+    r = {"suffixd": {1: {"agg_tok_s": 10.0}, 4: {"agg_tok_s": 30.0}},
+         "ls-plain": {1: {"agg_tok_s": 8.0}, 4: {"agg_tok_s": 40.0}},
+         "ls-ngram-mod": {1: {"agg_tok_s": 12.0}, 4: {"agg_tok_s": 20.0}}}
+    out = ratios(r, [1, 4])
+    assert out["ls_best"] == {"1": "ls-ngram-mod", "4": "ls-plain"}
+    assert out["suffixd_vs_ls_best"] == {"1": round(10 / 12, 4), "4": 0.75}
+    assert out["suffixd_vs_n1"] == {"1": 1.0, "4": 3.0}
+    only = ratios({"suffixd": {2: {"agg_tok_s": 5.0}}}, [2])
+    assert only == {"ls_best": {}, "suffixd_vs_ls_best": {}, "suffixd_vs_n1": {}}
+
+
+def test_greedy_same_counts_turns_equal_to_the_first_level() -> None:
+    texts = {1: {("a", 0): "x", ("a", 1): "y"}, 4: {("a", 0): "x", ("a", 1): "z"},
+             8: {("a", 0): "x", ("a", 1): "y"}}
+    assert greedy_same(texts, [1, 4, 8]) == {"4": "1/2", "8": "2/2"}
+    assert greedy_same(texts, [1]) == {}
+
+
+def test_cli_rejects_a_bad_concurrency() -> None:
+    result = CliRunner().invoke(
+        main, ["bench", "agent", __file__, "--concurrency", "0,2"])
+    assert result.exit_code != 0 and "positive" in result.output

@@ -1,0 +1,241 @@
+"""The step planner and batcher (daemon/generation/step_batch.py), without a model:
+plans against their rules and a brute-force optimum, the batcher's exclusion and batching
+under real threads."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from suffixd.daemon.generation.step_batch import (
+    PAD_ROW_WEIGHT,
+    StepBatcher,
+    StepRows,
+    joint_lengths,
+    padded_rows,
+    plan_step,
+    step_cost,
+)
+
+
+def linear(n: int) -> float:
+    return 0.0 if n <= 0 else 1.0 + 0.3 * (n - 1)
+
+
+def cpu_like(n: int) -> float:  # piecewise, not convex: a 2-core CPU's measured shape
+    table = {1: 1.0, 2: 1.3, 3: 1.7, 4: 1.8, 5: 2.6, 6: 2.6, 7: 2.7, 8: 2.7}
+    return 0.0 if n <= 0 else table.get(n, 2.7 + 0.3 * (n - 8))
+
+
+def _decode(seq: int, draft: list[float], pos0: int = 100, room: int = 64) -> StepRows:
+    probs = sorted(draft, reverse=True)
+    return StepRows(seq, list(range(1 + len(probs))), pos0, room, probs=probs)
+
+
+requests = st.lists(
+    st.tuples(st.integers(0, 7), st.lists(st.floats(0.0, 1.0), max_size=5),
+              st.integers(1, 9), st.booleans()),
+    min_size=1, max_size=6, unique_by=lambda t: t[0],
+)
+
+
+def _build(spec: list[tuple[int, list[float], int, bool]]) -> list[StepRows]:
+    out = []
+    for seq, draft, room, prompt in spec:
+        if prompt:
+            out.append(StepRows(seq, list(range(3 + 40 * room)), 0, 512, prompt=True))
+        else:
+            out.append(_decode(seq, draft, room=room))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests, st.integers(4, 64), st.floats(0.5, 6.0))
+def test_a_plan_keeps_every_rule(spec, n_batch, rate) -> None:
+    pending = _build(spec)
+    plan = plan_step(pending, n_batch, cpu_like, rate)
+    assert plan, "a plan is never empty while something waits"
+    assert sum(r.rows for r in plan) <= n_batch
+    offset = 0
+    for r in plan:
+        assert 1 <= r.kept <= len(r.tokens)
+        assert r.kept <= r.rows
+        assert r.rows <= max(r.room, r.kept)
+        assert r.offset == offset  # rows laid out back to back
+        assert r.shared == len(plan)
+        offset += r.rows
+        if r.prompt:
+            assert r.rows == r.kept and r.outputs == 0
+        else:
+            assert r.outputs == r.kept
+    # decoding rows come first, by sequence id; every sequence at most once
+    kinds = [r.prompt for r in plan]
+    assert kinds == sorted(kinds)
+    seqs = [r.seq_id for r in plan if not r.prompt]
+    assert seqs == sorted(seqs)
+    assert len({id(r) for r in plan}) == len(plan)
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests, st.floats(0.5, 6.0))
+def test_consecutive_sequences_get_equal_rows_when_room_and_budget_allow(spec, rate) -> None:
+    pending = [r for r in _build(spec) if not r.prompt]
+    if not pending:
+        return
+    plan = plan_step(pending, 512, cpu_like, rate)
+    if len(plan) == 1:
+        return
+    by_seq = {r.seq_id: r for r in plan}
+    for r in plan:
+        nxt = by_seq.get(r.seq_id + 1)
+        if nxt is not None and r.room >= nxt.rows and nxt.room >= r.rows:
+            assert r.rows == nxt.rows
+
+
+def _value(reqs: list[StepRows], kept: list[int], cost, rate: float) -> float:
+    expected = len(reqs) + sum(sum(r.probs[: k - 1]) for r, k in zip(reqs, kept, strict=True))
+    return expected - rate * step_cost(cost, padded_rows(reqs, kept), kept)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.floats(0.0, 1.0), max_size=4), min_size=2, max_size=3),
+       st.floats(0.5, 6.0))
+def test_joint_lengths_are_optimal_with_a_linear_cost_and_no_padding(drafts, rate) -> None:
+    # sequence ids 0, 2, 4: no two consecutive, so nothing is padded and the objective is
+    # separable and concave: the merged best-first rule must find the optimum
+    reqs = [_decode(2 * i, d) for i, d in enumerate(drafts)]
+    for r in reqs:
+        r.kept = len(r.tokens)
+    got = joint_lengths(reqs, linear, rate)
+    best = max(_value(reqs, list(k), linear, rate)
+               for k in itertools.product(*[range(1, len(r.tokens) + 1) for r in reqs]))
+    assert _value(reqs, got, linear, rate) >= best - 1e-9
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.floats(0.0, 1.0), max_size=5), min_size=2, max_size=4),
+       st.floats(0.5, 6.0))
+def test_joint_lengths_never_do_worse_than_whole_drafts_or_none(drafts, rate) -> None:
+    reqs = [_decode(i, d) for i, d in enumerate(drafts)]  # consecutive: padding counts
+    for r in reqs:
+        r.kept = len(r.tokens)
+    got = joint_lengths(reqs, cpu_like, rate)
+    assert all(1 <= k <= len(r.tokens) for r, k in zip(reqs, got, strict=True))
+    v = _value(reqs, got, cpu_like, rate)
+    assert v >= _value(reqs, [len(r.tokens) for r in reqs], cpu_like, rate) - 1e-9
+    assert v >= _value(reqs, [1] * len(reqs), cpu_like, rate) - 1e-9
+
+
+def test_a_sure_draft_is_kept_and_a_hopeless_one_cut() -> None:
+    sure, hopeless = _decode(0, [1.0] * 6), _decode(1, [0.01] * 6)
+    for r in (sure, hopeless):
+        r.kept = len(r.tokens)
+    assert joint_lengths([sure, hopeless], linear, 2.0) == [7, 1]
+
+
+def test_padding_costs_its_weight() -> None:
+    # two sequences side by side, 1 and 5 verified rows: the first is padded to 5
+    cost = step_cost(linear, [5, 5], [1, 5])
+    assert abs(cost - (linear(6) + PAD_ROW_WEIGHT * (linear(10) - linear(6)))) < 1e-12
+
+
+def test_prompts_fill_what_decoding_leaves_and_still_move_when_it_is_full() -> None:
+    decodes = [StepRows(s, list(range(100)), 0, 512) for s in range(4)]
+    prompt = StepRows(9, list(range(1000)), 0, 512, prompt=True)
+    plan = plan_step([*decodes, prompt], 512, linear, 1.0)
+    assert prompt in plan and prompt.kept >= 64
+    assert sum(r.rows for r in plan) <= 512
+    lone = StepRows(9, list(range(1000)), 0, 512, prompt=True)
+    assert plan_step([lone], 512, linear, 1.0) == [lone] and lone.kept == 512
+
+
+class _FakeModel:
+    """Records decodes; fails the test if a decode overlaps another or a reader."""
+
+    def __init__(self) -> None:
+        self.decoding = False
+        self.readers = 0
+        self.lock = threading.Lock()
+        self.batches: list[list[int]] = []
+        self.errors: list[str] = []
+
+    def run(self, batch: list[StepRows]) -> None:
+        with self.lock:
+            if self.decoding or self.readers:
+                self.errors.append("decode overlapped")
+            self.decoding = True
+        time.sleep(0.003)
+        self.batches.append([r.seq_id for r in batch])
+        with self.lock:
+            self.decoding = False
+
+
+def test_the_batcher_runs_every_active_sequence_in_one_decode_and_never_overlaps() -> None:
+    model = _FakeModel()
+    batcher = StepBatcher(model.run, 64, linear)
+    n_threads, n_steps = 4, 30
+    done = []
+    excl_seen = []
+
+    def gen(seq: int) -> None:
+        batcher.join()
+        try:
+            for _ in range(n_steps):
+                req = StepRows(seq, [1, 2, 3], 0, 64)
+                with batcher.step(req):
+                    with model.lock:
+                        model.readers += 1
+                        if model.decoding:
+                            model.errors.append("read during a decode")
+                    time.sleep(0.0005)
+                    with model.lock:
+                        model.readers -= 1
+                    req.emitted = 1
+            done.append(seq)
+        finally:
+            batcher.leave()
+
+    def outsider() -> None:
+        for _ in range(5):
+            with batcher.exclusive():
+                excl_seen.append(model.decoding or model.readers > 0)
+            time.sleep(0.002)
+
+    threads = [threading.Thread(target=gen, args=(s,)) for s in range(n_threads)]
+    threads.append(threading.Thread(target=outsider))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(done) == list(range(n_threads))
+    assert not model.errors
+    assert excl_seen == [False] * 5
+    assert sum(len(b) for b in model.batches) == n_threads * n_steps
+    assert all(len(set(b)) == len(b) for b in model.batches)
+    # they shared steps: far fewer decodes than sequence-steps
+    assert len(model.batches) < n_threads * n_steps * 0.6
+    assert batcher.counters.max_sequences >= 2
+
+
+def test_a_failed_decode_reaches_every_sequence_of_its_step_and_the_batcher_goes_on() -> None:
+    calls = []
+
+    def run(batch: list[StepRows]) -> None:
+        calls.append(len(batch))
+        if len(calls) == 1:
+            raise RuntimeError("llama_decode failed")
+
+    batcher = StepBatcher(run, 64, linear)
+    req = StepRows(0, [1], 0, 64)
+    try:
+        with batcher.step(req):
+            pass
+        raise AssertionError("the error did not reach the sequence")
+    except RuntimeError as exc:
+        assert "llama_decode" in str(exc)
+    with batcher.step(StepRows(0, [1], 0, 64)) as again:
+        again.emitted = 1
+    assert calls == [1, 1]
