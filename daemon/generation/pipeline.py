@@ -62,6 +62,9 @@ class Runtime:
             n_slots=int(opts.get("kv_slots") or 4),
             n_gpu_layers=int(opts.get("n_gpu_layers") or 0),
         )
+        # SUFFIXD_JOINT_DRAFTS=0: shared steps keep every draft as its drafter cut it
+        # (the comparison BENCHMARKS.md reports)
+        self.verifier.joint_drafts = os.environ.get("SUFFIXD_JOINT_DRAFTS", "1") != "0"
         self.renderer = ChatRenderer(self.verifier)
         phase("measuring verifier costs")
         profile = self.verifier.measure_cost_profile()

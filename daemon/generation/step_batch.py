@@ -90,6 +90,9 @@ class BatchCounters:
     prompt_rows: int = 0
     trimmed_draft_tokens: int = 0  # draft tokens the joint plan cut
     max_sequences: int = 0
+    decode_s: float = 0.0  # in the model
+    between_s: float = 0.0  # from the last sequence leaving a step to the next decode
+    reading_s: float = 0.0  # from a decode's end to its last sequence leaving the step
     by_sequences: dict[int, int] = field(default_factory=dict)  # sequences -> steps
 
     def as_dict(self) -> dict[str, object]:
@@ -98,6 +101,8 @@ class BatchCounters:
             "padding_rows": self.padding_rows, "prompt_rows": self.prompt_rows,
             "trimmed_draft_tokens": self.trimmed_draft_tokens,
             "max_sequences": self.max_sequences,
+            "decode_s": round(self.decode_s, 3), "between_s": round(self.between_s, 3),
+            "reading_s": round(self.reading_s, 3),
             "by_sequences": {str(k): v for k, v in sorted(self.by_sequences.items())},
         }
 
@@ -245,6 +250,7 @@ class StepBatcher:
         self._busy = False  # a decode or an exclusive holder has the model
         self._exclusive_waiting = 0
         self._free_since = time.monotonic()
+        self._decoded_at = self._free_since
         self._decode_s = 0.02
         self._rate_tokens = RATE_PRIOR
         self._rate_cost = RATE_PRIOR
@@ -278,6 +284,7 @@ class StepBatcher:
                 self._in_flight -= 1
                 if self._in_flight == 0:
                     self._free_since = time.monotonic()
+                    self.counters.reading_s += self._free_since - self._decoded_at
                     self._cond.notify_all()
 
     @contextmanager
@@ -327,6 +334,9 @@ class StepBatcher:
         self._pending = [r for r in self._pending if id(r) not in taken]
         self._busy = True
         error: BaseException | None = None
+        gap = time.monotonic() - self._free_since
+        if gap < 1.0:  # not an idle model: the sequences' own work between two decodes
+            self.counters.between_s += gap
         self._cond.release()
         t0 = time.perf_counter()
         try:
@@ -337,9 +347,11 @@ class StepBatcher:
             dt = time.perf_counter() - t0
             self._cond.acquire()
         self._busy = False
+        self._decoded_at = time.monotonic()
         self._decode_s += 0.2 * (dt - self._decode_s)
         c = self.counters
         c.steps += 1
+        c.decode_s += dt
         c.sequences += len(batch)
         c.rows += sum(r.rows for r in batch)
         c.padding_rows += sum(r.rows - r.kept for r in batch)

@@ -277,6 +277,9 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         # Rollbacks of different sequences run in the threads of their generations,
         # between two decodes: llama.cpp's memory calls are not made for concurrency.
         self._mem_lock = threading.Lock()
+        # Shared steps choose every sequence's draft length together (step_batch); off:
+        # each draft stays as its drafter cut it for a step of its own.
+        self.joint_drafts = True
         # (through lambdas: a test may replace the bound methods)
         self._steps = StepBatcher(lambda b: self._run_step(b), n_batch,
                                   lambda n: self._relative_cost(n),
@@ -519,8 +522,9 @@ class Verifier(KvSlots, CostMeasurement, Certification):
             # acceptance estimates say where); a grammar's drafts and others stay whole.
             probs = getattr(draft_obj, "probs", None)
             is_path = getattr(draft_obj, "is_path", None)
-            trimmable = (state is None and probs is not None and len(probs) >= len(path)
-                         and hasattr(draft_obj, "head") and callable(is_path) and is_path())
+            trimmable = (self.joint_drafts and state is None and probs is not None
+                         and len(probs) >= len(path) and hasattr(draft_obj, "head")
+                         and callable(is_path) and is_path())
             n_past = len(slot.tokens)
             req = StepRows(slot.seq_id, [pending, *path], n_past,
                            room=min(room + 1, self.n_batch),

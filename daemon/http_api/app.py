@@ -248,7 +248,7 @@ class OpenAIFront:
         else:
             auto = False
         req.session_id = sid
-        run = Run(self.generation, req, prompt_tokens, loop)
+        run = Run(self.generation, req, prompt_tokens, loop, whole=not stream)
         run.start()
         try:
             first = await run.next()

@@ -24,6 +24,18 @@ from .requests import ApiError, api_error
 from .structured import ReplyShaper
 
 
+def _merged(chunks: list[Chunk], last: Chunk) -> Chunk:
+    """Several steps' chunks as one (the last one's finish reason and totals)."""
+    return Chunk(
+        text="".join(c.text for c in chunks) + last.text,
+        tokens=[t for c in chunks for t in c.tokens] + last.tokens,
+        source=last.source,
+        proposed=sum(c.proposed for c in chunks) + last.proposed,
+        accepted=sum(c.accepted for c in chunks) + last.accepted,
+        finish_reason=last.finish_reason, stats=last.stats,
+    )
+
+
 class Run:
     """One generation on a worker thread, its chunks handed to the event loop. cancel()
     stops it between two steps (the verifier's slot is released when it returns)."""
@@ -31,8 +43,13 @@ class Run:
     _END = object()
 
     def __init__(self, generation: Generation, req: GenerationRequest, prompt: list[int],
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, *, whole: bool = False) -> None:
+        """``whole``: an answer that is not streamed: after the first chunk (which says
+        the generation started, or why not) the rest comes as one chunk at the end. Every
+        hand-over wakes the event loop, and Python work beside a decode slows all of the
+        step's sequences (llama.cpp's threads wait for each other at every op)."""
         self._generation, self._req, self._prompt, self._loop = generation, req, prompt, loop
+        self._whole = whole
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self.cancelled = threading.Event()
 
@@ -47,8 +64,13 @@ class Run:
         try:
             it: Iterator[Chunk] = self._generation.run(
                 self._req, self.cancelled, prompt=self._prompt)
-            for chunk in it:
-                self._put(chunk)
+            held: list[Chunk] = []
+            for n, chunk in enumerate(it):
+                if self._whole and n and chunk.finish_reason is None:
+                    held.append(chunk)
+                else:
+                    self._put(_merged(held, chunk) if held else chunk)
+                    held = []
                 if self.cancelled.is_set():
                     break
         except BaseException as exc:
