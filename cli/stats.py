@@ -174,8 +174,9 @@ def _generator_lines(g: Mapping[str, Any]) -> list[str]:
         out.append(
             f"  steps: {steps:,}, {b['sequences'] / steps:.2f} sequences and "
             f"{b['rows'] / steps:.1f} rows per step (at most {b['max_sequences']} at once); "
-            f"padding {b['padding_rows']:,} rows, drafts cut by the joint plan "
-            f"{b['trimmed_draft_tokens']:,} tokens")
+            f"padding {b['padding_rows']:,} rows; the joint plan cut drafts by "
+            f"{b['trimmed_draft_tokens']:,} tokens, extended them by "
+            f"{b.get('extended_draft_tokens', 0):,}")
     return out + [""]
 
 

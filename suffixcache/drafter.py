@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from suffixcache import _native
@@ -110,6 +110,11 @@ class Draft:
     # the context's tail the draft was matched against: says whether a later step of
     # the same session continues this one (the text after the cut is then known)
     context_tail: Sequence[int] = field(default=(), repr=False)
+    # The same draft with every candidate the trees offered, not cut by the length rule
+    # for a step of its own (calibrated probabilities throughout): a verifier that shares
+    # its steps with other sequences chooses the length over the whole step. None: no
+    # candidates past the cut (or not a path).
+    _extend: Callable[[], Draft] | None = field(default=None, repr=False, compare=False)
     _path: bool | None = field(default=None, init=False, repr=False, compare=False)
     _declined: list[int] | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -151,6 +156,10 @@ class Draft:
             out.append(self.tokens[best_leaf])
             best_leaf = self.parents[best_leaf]
         return out[::-1]
+
+    def extended(self) -> Draft:
+        """Every candidate, the length rule's cut undone (see ``_extend``)."""
+        return self._extend() if self._extend is not None else self
 
     def head(self, k: int) -> Draft:
         """The draft cut to its first ``k`` tokens (a verifier that evaluated only those);
@@ -281,21 +290,17 @@ class Drafter:
             probs = native.probs
             keep = self._best_prefix(probs) if cfg.cost_aware else len(probs)
             probs = probs[:keep]
-        tokens, parents, tree_index, seq_id = native.head(keep)
-        return Draft(
-            tokens,
-            parents,
-            probs,
-            [names[i] for i in tree_index],
-            native.match_len,
-            sum(probs),
-            key,
-            prev,
-            seq_id,
-            last_token,
-            native,
-            tail,
-        )
+        def draft(n: int, p: list[float], extend: Callable[[], Draft] | None = None) -> Draft:
+            tokens, parents, tree_index, seq_id = native.head(n)
+            return Draft(tokens, parents, p, [names[i] for i in tree_index], native.match_len,
+                         sum(p), key, prev, seq_id, last_token, native, tail, extend)
+
+        def extend() -> Draft:
+            every, n = self.calibrator.choose_draft(
+                native, prev, self._cost, self.achieved_rate, False, last_token)
+            return draft(n, list(every))
+
+        return draft(keep, probs, extend if cfg.calibrate and keep < len(native) else None)
 
     def _best_prefix(self, probs: Sequence[float]) -> int:
         """Prefix length maximising expected tokens - rate * cost(prefix + 1).

@@ -239,3 +239,21 @@ def test_a_failed_decode_reaches_every_sequence_of_its_step_and_the_batcher_goes
     with batcher.step(StepRows(0, [1], 0, 64)) as again:
         again.emitted = 1
     assert calls == [1, 1]
+
+
+def test_a_lone_step_keeps_its_drafters_choice_and_a_shared_one_may_fill_padding() -> None:
+    # offered 6 candidates, its drafter chose 2 of them (3 rows)
+    lone = StepRows(0, list(range(7)), 100, 64, probs=[0.9] * 6, want=3)
+    assert plan_step([lone], 64, cpu_like, 2.0) == [lone] and lone.kept == 3
+    # beside a sure 6-token draft the step has 7 rows per sequence anyway: the short
+    # draft's likely candidates take rows that would be padding
+    sure = StepRows(1, list(range(7)), 100, 64, probs=[1.0] * 6, want=7)
+    offered = StepRows(0, list(range(7)), 100, 64, probs=[0.9] * 6, want=3)
+    plan = plan_step([offered, sure], 64, cpu_like, 2.0)
+    assert sure.kept == 7 and offered.kept == 7 and offered.rows == 7
+    batcher_counters = StepBatcher(lambda b: None, 64, cpu_like)
+    with batcher_counters.step(StepRows(0, list(range(7)), 100, 64, probs=[0.9] * 6,
+                                        want=3)) as r:
+        r.emitted = 1
+    assert batcher_counters.counters.extended_draft_tokens == 0  # a lone step: as chosen
+    assert plan

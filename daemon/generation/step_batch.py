@@ -64,6 +64,10 @@ class StepRows:
     # A decode's draft tokens' calibrated cumulative acceptance probabilities: the plan
     # may cut the draft (None: the draft is kept whole)
     probs: Sequence[float] | None = None
+    # Rows its drafter chose for a step of its own (0: all of ``tokens``). A shared step's
+    # plan may take more of ``tokens`` (the candidates past the drafter's cut) where they
+    # fill rows that would be padding anyway, or fewer.
+    want: int = 0
     # set by the plan and the step
     kept: int = 0  # tokens of ``tokens`` evaluated
     rows: int = 0  # rows evaluated, padding included
@@ -88,7 +92,8 @@ class BatchCounters:
     rows: int = 0  # evaluated, padding included
     padding_rows: int = 0
     prompt_rows: int = 0
-    trimmed_draft_tokens: int = 0  # draft tokens the joint plan cut
+    trimmed_draft_tokens: int = 0  # draft tokens the joint plan cut from the drafters' choice
+    extended_draft_tokens: int = 0  # candidates past the drafters' cut it verified instead
     max_sequences: int = 0
     decode_s: float = 0.0  # in the model
     between_s: float = 0.0  # from the last sequence leaving a step to the next decode
@@ -100,6 +105,7 @@ class BatchCounters:
             "steps": self.steps, "sequences": self.sequences, "rows": self.rows,
             "padding_rows": self.padding_rows, "prompt_rows": self.prompt_rows,
             "trimmed_draft_tokens": self.trimmed_draft_tokens,
+            "extended_draft_tokens": self.extended_draft_tokens,
             "max_sequences": self.max_sequences,
             "decode_s": round(self.decode_s, 3), "between_s": round(self.between_s, 3),
             "reading_s": round(self.reading_s, 3),
@@ -183,15 +189,18 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
     for r in decodes:
         if used >= budget:
             break
-        want = min(len(r.tokens), r.room, budget - used)
-        if want < 1:
+        most = min(len(r.tokens), r.room, budget - used)
+        if most < 1:
             continue
-        r.kept = want
+        r.kept = most
         chosen.append(r)
-        used += want
+        used += most
     if len(chosen) > 1:
         for r, k in zip(chosen, joint_lengths(chosen, cost, rate), strict=True):
             r.kept = min(r.kept, k)
+    else:
+        for r in chosen:  # a step of its own: as its drafter chose
+            r.kept = min(r.kept, r.want or r.kept)
     rows = padded_rows(chosen, [r.kept for r in chosen])
     if len(chosen) == 1 and pad_to is not None:
         # one sequence: pad to a cheaper measured batch shape, as a lone step always did
@@ -260,6 +269,10 @@ class StepBatcher:
     def rate(self) -> float:
         """Tokens emitted per unit of step cost, recently."""
         return self._rate_tokens / self._rate_cost
+
+    def shared(self) -> bool:
+        """Whether other generations are active (a step is likely shared)."""
+        return self._members > 1
 
     def join(self) -> None:
         with self._cond:
@@ -356,10 +369,12 @@ class StepBatcher:
         c.rows += sum(r.rows for r in batch)
         c.padding_rows += sum(r.rows - r.kept for r in batch)
         c.prompt_rows += sum(r.rows for r in batch if r.prompt)
-        c.trimmed_draft_tokens += sum(len(r.tokens) - r.kept for r in batch if not r.prompt)
+        decodes = [r for r in batch if not r.prompt]
+        c.trimmed_draft_tokens += sum(max(0, (r.want or len(r.tokens)) - r.kept) for r in decodes)
+        c.extended_draft_tokens += sum(max(0, r.kept - (r.want or len(r.tokens)))
+                                       for r in decodes)
         c.max_sequences = max(c.max_sequences, len(batch))
         c.by_sequences[len(batch)] = c.by_sequences.get(len(batch), 0) + 1
-        decodes = [r for r in batch if not r.prompt]
         if decodes:
             self._rate_tokens *= RATE_DECAY
             self._rate_cost = self._rate_cost * RATE_DECAY + step_cost(

@@ -525,10 +525,16 @@ class Verifier(KvSlots, CostMeasurement, Certification):
             trimmable = (self.joint_drafts and state is None and probs is not None
                          and len(probs) >= len(path) and hasattr(draft_obj, "head")
                          and callable(is_path) and is_path())
+            want = len(path) + 1
+            if trimmable and self._steps.shared():
+                # other sequences step too: offer every candidate, the plan chooses
+                draft_obj = draft_obj.extended()  # type: ignore[union-attr]
+                path = draft_obj.path()[:k]
+                probs = draft_obj.probs
             n_past = len(slot.tokens)
             req = StepRows(slot.seq_id, [pending, *path], n_past,
                            room=min(room + 1, self.n_batch),
-                           probs=list(probs[: len(path)]) if trimmable else None)
+                           probs=list(probs[: len(path)]) if trimmable else None, want=want)
             gaps: list[TokenGap] = []
             with self._steps.step(req):
                 if req.kept - 1 < len(path):

@@ -126,9 +126,10 @@ class EngineCollector(Collector):
         rows.add_metric(["padding"], b["padding_rows"])
         rows.add_metric(["prompt"], b["prompt_rows"])
         cut = CounterMetricFamily(
-            "suffixd_verifier_draft_tokens_cut", "Draft tokens the joint plan of a shared "
-            "step cut.")
-        cut.add_metric([], b["trimmed_draft_tokens"])
+            "suffixd_verifier_joint_plan_tokens", "Draft tokens the joint plan of a shared "
+            "step cut from its drafter's choice, or added past it.", labels=["change"])
+        cut.add_metric(["cut"], b["trimmed_draft_tokens"])
+        cut.add_metric(["extended"], b["extended_draft_tokens"])
         yield from (steps, rows, cut)
 
 
