@@ -285,3 +285,29 @@ def test_stats_shows_the_verifier(gen_daemon: Any) -> None:
     assert g["draft_model"] is None  # this daemon has no --draft-model
     text = stats()
     assert "cost of verifying k tokens" in text and "draft model: none" in text
+
+
+def test_a_one_off_generate_learns_and_the_readme_pair_works(gen_daemon: Any) -> None:
+    """The README's pair of commands: a generate without --session, twice. The first
+    answer enters the namespace's global tree (its session of its own is closed, its
+    response kept), so the second is drafted from it; no session stays open."""
+    addr = gen_daemon.proc.socket
+    prompt = "SELECT name, country FROM singer WHERE"
+
+    def once() -> dict[str, Any]:
+        out = subprocess.run(
+            [sys.executable, "-m", "suffixd.cli.main", "generate", "--address", addr,
+             "--namespace", "oneoff", "--max-tokens", "48", "--stats", "--json", prompt],
+            capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stderr.strip().splitlines()[-1])
+
+    first = once()
+    assert int(first["completion_tokens"]) > 8
+    assert gen_daemon.list_sessions("oneoff") == []
+    ns = next(n for n in gen_daemon.stats(top_documents=1)["namespaces"]
+              if n["namespace"] == "oneoff")
+    assert ns["global"]["sequences"] == 1
+    second = once()
+    assert int(second["accepted_tokens"]) > 8, second
+    assert gen_daemon.list_sessions("oneoff") == []

@@ -29,7 +29,7 @@ from typing import Any
 
 from suffixcache import CostProfile
 
-from ..common.errors import FailedPrecondition, NotFound
+from ..common.errors import FailedPrecondition, NotFound, ResourceExhausted
 from .chat import ChatRenderer
 from .verifier import Chunk, GenerateParams, Verifier
 
@@ -222,15 +222,33 @@ class Generation:
         rt = self.runtime()
         if prompt is None:
             prompt = self.prompt_tokens(req)
+        oneoff = not sid
+        if oneoff:
+            # A one-off request learns too: it runs in a session of its own, closed at the
+            # end with its response kept (in the namespace's global tree, durably), so the
+            # same request again is drafted from this one. Where the namespace allows no
+            # more sessions it still drafts from the trees, learning nothing.
+            sid = f"oneoff-{uuid.uuid4().hex}"
+            try:
+                engine.open_session(ns, sid)
+            except (ResourceExhausted, FailedPrecondition) as exc:
+                log.info("one-off request in %r not remembered: %s", ns, exc)
+                sid = ""
         if sid:
             try:
-                engine.describe_session(ns, sid)
-            except NotFound:
-                engine.open_session(ns, sid)
-            new = self._new_prompt_part((ns, sid), prompt)
-            if new:
-                engine.append(ns, sid, "prompt", new)
-            vkey = f"{ns}\x00{sid}"
+                if not oneoff:
+                    try:
+                        engine.describe_session(ns, sid)
+                    except NotFound:
+                        engine.open_session(ns, sid)
+                new = self._new_prompt_part((ns, sid), prompt)
+                if new:
+                    engine.append(ns, sid, "prompt", new)
+            except BaseException:
+                if oneoff:
+                    self._close_oneoff(ns, sid)
+                raise
+            vkey = f"\x00oneoff-{uuid.uuid4().hex}" if oneoff else f"{ns}\x00{sid}"
         else:
             vkey = f"\x00oneoff-{uuid.uuid4().hex}"
 
@@ -287,5 +305,16 @@ class Generation:
                 if hook is not None and chunk.stats is not None:
                     hook(ns, chunk.stats)
         finally:
-            if not sid:
+            if oneoff:
                 rt.verifier.forget(vkey)
+                if sid:
+                    self._close_oneoff(ns, sid)
+
+    def _close_oneoff(self, ns: str, sid: str) -> None:
+        try:
+            self.engine.close_session(ns, sid, keep_responses=True)
+        except NotFound:
+            pass  # closed meanwhile (e.g. the namespace was dropped)
+        except Exception:  # the request's own outcome stands; the session expires later
+            log.exception("closing the one-off session %s/%s", ns, sid)
+        self.forget_session(ns, sid)
