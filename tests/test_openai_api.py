@@ -290,6 +290,37 @@ def test_finder_is_bounded() -> None:
     assert not f.claim("ns", dropped)[1]
 
 
+def test_automatic_sessions_end_by_namespace_bound_and_idle_time() -> None:
+    ended: list[tuple[str, str]] = []
+    f = SessionFinder(max_per_namespace=3, ttl_s=3600.0,
+                      on_drop=lambda ns, sid: ended.append((ns, sid)))
+    opened = []
+    for i in range(5):
+        m = [{"role": "user", "content": f"q{i}"}]
+        sid, _ = f.claim("a", m)
+        opened.append(sid)
+        f.release("a", sid, m, f"r{i}")
+    busy, _ = f.claim("b", [{"role": "user", "content": "other namespace"}])
+    # the least recently used idle ones of the namespace ended, in order; "b" untouched
+    assert ended == [("a", opened[0]), ("a", opened[1])]
+    assert len(f) == 4
+    # a busy session is never ended: with every session busy the bound waits
+    ended.clear()
+    g = SessionFinder(max_per_namespace=1, on_drop=lambda ns, sid: ended.append((ns, sid)))
+    g.claim("a", [{"role": "user", "content": "x"}])
+    g.claim("a", [{"role": "user", "content": "y"}])
+    assert ended == []
+    # idle past the timeout: ended at the next claim
+    h = SessionFinder(ttl_s=0.0, on_drop=lambda ns, sid: ended.append((ns, sid)))
+    m = [{"role": "user", "content": "z"}]
+    sid, _ = h.claim("a", m)
+    h.release("a", sid, m, "r")
+    time.sleep(0.01)
+    h.claim("a", [{"role": "user", "content": "next"}])
+    assert ended == [("a", sid)]
+    assert busy
+
+
 def test_finder_follows_an_agent_that_rewrites_replies() -> None:
     """Agents resend a reply trimmed, re-serialised or replaced by a recorded one: the
     conversation before it still names the session, when no other session shares it."""
@@ -338,3 +369,39 @@ def test_store_failures_map_to_openai_shaped_errors() -> None:
     assert full.message.startswith("disk full")
     closing = api_error(StoreClosedError("closed"))
     assert closing.status == 503 and "shutting down" in closing.message
+
+
+def test_the_daemon_ends_automatic_sessions_past_the_namespace_bound(tmp_path: Any) -> None:
+    """Through the real daemon: with room for 2 automatic sessions per namespace, a third
+    new conversation ends the least recently used one (closed, its response kept in the
+    global tree); a conversation that named its session is never ended."""
+    from tests.conftest import DaemonProcess
+
+    proc = DaemonProcess(tmp_path / "data", ["--http", "127.0.0.1:0"],
+                         env={"SUFFIXD_AUTO_SESSIONS_PER_NAMESPACE": "2"}).start()
+    try:
+        def chat(q: str, **headers: str) -> dict[str, Any]:
+            r = httpx.post(f"{proc.http}/chat/completions", timeout=900, headers={
+                "X-Suffixd-Namespace": "auto", **headers}, json={
+                "model": "default", "max_tokens": 4, "temperature": 0,
+                "messages": [{"role": "user", "content": q}]})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        named = chat("a named one", **{"X-Suffixd-Session": "mine"})["suffixd"]["session"]
+        first = [chat(f"question {i}")["suffixd"]["session"] for i in range(3)]
+        client = proc.client()
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                open_ids = {s.session_id for s in client.list_sessions("auto")}
+                if first[0] not in open_ids:
+                    break
+                time.sleep(0.2)
+            assert open_ids == {named, first[1], first[2]}, (open_ids, first)
+            ns = client.stats("auto")["namespaces"][0]
+            assert ns["global"]["sequences"] == 4  # every response kept, the ended one too
+        finally:
+            client.close()
+    finally:
+        proc.stop()

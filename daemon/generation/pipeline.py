@@ -92,7 +92,9 @@ class GenerationRequest:
     """What to generate, whatever the front. Exactly one of text, tokens, messages."""
 
     namespace: str = "default"
-    session_id: str = ""  # empty: a one-off request (drafts from the namespace's trees)
+    # empty: a one-off request: it drafts from the namespace's trees and its response
+    # enters the global tree (through a session of its own, closed at the end)
+    session_id: str = ""
     text: str | None = None
     tokens: list[int] | None = None
     messages: list[Mapping[str, Any]] | None = None

@@ -47,6 +47,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
 import secrets
 import socket
 import threading
@@ -60,6 +61,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..common.errors import NotFound
 from ..generation.grammar import Grammar, GrammarError
 from ..generation.pipeline import Generation, GenerationRequest
 from .requests import (
@@ -69,7 +71,7 @@ from .requests import (
     chat_messages,
     completion_prompt,
 )
-from .session_finder import SessionFinder
+from .session_finder import AUTO_SESSION_IDLE_S, AUTO_SESSIONS_PER_NAMESPACE, SessionFinder
 from .streams import Run, completion_body, sse_events
 from .structured import RawReplies, ReplyShaper, Structure, parse_structure
 
@@ -114,9 +116,14 @@ class OpenAIFront:
         self.engine = engine
         self.generation = generation
         self.replies = RawReplies()
+        idle = getattr(getattr(engine, "limits", None), "session_idle_timeout_s", 0)
         self.finder = finder or SessionFinder(
-            ttl_s=getattr(getattr(engine, "limits", None), "session_idle_timeout_s", 0)
-            or 24 * 3600.0)
+            ttl_s=min(AUTO_SESSION_IDLE_S, idle or AUTO_SESSION_IDLE_S),
+            max_per_namespace=int(os.environ.get("SUFFIXD_AUTO_SESSIONS_PER_NAMESPACE")
+                                  or AUTO_SESSIONS_PER_NAMESPACE),
+            # a durable write: off the event loop
+            on_drop=lambda ns, sid: threading.Thread(
+                target=self._end_auto_session, args=(ns, sid), daemon=True).start())
         self._expected = f"Bearer {token}".encode() if token else None
         self.require_token = require_token
         self.max_body_bytes = max_body_bytes
@@ -281,6 +288,16 @@ class OpenAIFront:
             self._release(ns, sid, messages, shaper, auto, message)
         return JSONResponse(completion_body(rid, model, chat, shaper.text, last, meta,
                                             message=message, finish=finish))
+
+    def _end_auto_session(self, ns: str, sid: str) -> None:
+        """An automatic session the finder let go: closed, its responses kept in the
+        namespace's global tree, its KV slot freed."""
+        with contextlib.suppress(NotFound):
+            self.engine.close_session(ns, sid, keep_responses=True)
+        self.generation.forget_session(ns, sid)
+        rt = self.generation.loaded
+        if rt is not None:
+            rt.verifier.forget(f"{ns}\x00{sid}")
 
     def _release(self, ns: str, sid: str, messages: list[dict[str, Any]] | None,
                  shaper: ReplyShaper, auto: bool, message: dict[str, Any] | None) -> None:

@@ -30,6 +30,12 @@ Canonical messages: role, the text content (content parts joined, surrounding
 whitespace stripped, since clients trim replies), a tool call's name and arguments,
 ``name`` and ``tool_call_id``. Memory is bounded: at most ``max_entries`` sessions,
 least recently used dropped first, and entries idle longer than ``ttl_s``.
+
+The sessions it opens end: one idle longer than ``ttl_s`` (an hour by default, shorter
+than a named session's), or the least recently used idle one of a namespace holding more
+than ``max_per_namespace``, is dropped and handed to ``on_drop`` (the app closes it, its
+responses kept in the global tree), so an agent running for weeks never meets the
+namespace's open-session limit.
 """
 
 from __future__ import annotations
@@ -40,9 +46,14 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+# Automatic sessions (a chat request that names none): idle timeout and how many one
+# namespace keeps open (README, limits).
+AUTO_SESSION_IDLE_S = 3600.0
+AUTO_SESSIONS_PER_NAMESPACE = 1000
 
 
 def message_text(content: Any) -> str:
@@ -102,11 +113,16 @@ class _Entry:
 class SessionFinder:
     """Thread-safe: ``claim`` a session for a request, ``release`` it with the reply."""
 
-    def __init__(self, max_entries: int = 100_000, ttl_s: float = 24 * 3600.0,
-                 prefix: str = "chat-") -> None:
+    def __init__(self, max_entries: int = 100_000, ttl_s: float = AUTO_SESSION_IDLE_S,
+                 prefix: str = "chat-", max_per_namespace: int = AUTO_SESSIONS_PER_NAMESPACE,
+                 on_drop: Callable[[str, str], None] | None = None) -> None:
         self.max_entries = max_entries
         self.ttl_s = ttl_s
         self.prefix = prefix
+        self.max_per_namespace = max_per_namespace
+        self.on_drop = on_drop
+        self._per_ns: dict[str, int] = {}
+        self._dropped: list[tuple[str, str]] = []  # to hand to on_drop, outside the lock
         self._lock = threading.Lock()
         self._by_session: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._by_reply: dict[tuple[str, bytes], tuple[str, str]] = {}
@@ -116,6 +132,12 @@ class SessionFinder:
 
     def claim(self, namespace: str, messages: Sequence[Mapping[str, Any]]) -> tuple[str, bool]:
         """The session for this request, marked busy until ``release``: (id, continued)."""
+        try:
+            return self._claim(namespace, messages)
+        finally:
+            self._hand_over()
+
+    def _claim(self, namespace: str, messages: Sequence[Mapping[str, Any]]) -> tuple[str, bool]:
         ds = digests(namespace, messages)
         now = time.monotonic()
         with self._lock:
@@ -133,10 +155,23 @@ class SessionFinder:
                     return key[1], True
             sid = self.prefix + secrets.token_hex(8)
             self._by_session[(namespace, sid)] = _Entry(sid, busy=True, last=now)
+            self._per_ns[namespace] = self._per_ns.get(namespace, 0) + 1
             self.opened += 1
             while len(self._by_session) > self.max_entries:
-                self._drop(next(iter(self._by_session)))
+                self._drop(next(iter(self._by_session)), closing=True)
+            if self._per_ns[namespace] > self.max_per_namespace:
+                idle = next((k for k, e in self._by_session.items()
+                             if k[0] == namespace and not e.busy), None)
+                if idle is not None:
+                    self._drop(idle, closing=True)
             return sid, False
+
+    def _hand_over(self) -> None:
+        with self._lock:
+            dropped, self._dropped = self._dropped, []
+        if self.on_drop is not None:
+            for ns, sid in dropped:
+                self.on_drop(ns, sid)
 
     def _match(self, ns: str, ds: list[bytes], at: int) -> tuple[str, str] | None:
         key = self._by_reply.get((ns, ds[at]))
@@ -198,14 +233,21 @@ class SessionFinder:
                 if not keys:
                     del self._by_prompt[(ns, entry.prompt_head)]
 
-    def _drop(self, key: tuple[str, str]) -> None:
+    def _drop(self, key: tuple[str, str], closing: bool = False) -> None:
         entry = self._by_session.pop(key, None)
         if entry is not None:
             self._unindex(key, entry)
+            n = self._per_ns.get(key[0], 1) - 1
+            if n:
+                self._per_ns[key[0]] = n
+            else:
+                self._per_ns.pop(key[0], None)
+            if closing:
+                self._dropped.append(key)
 
     def _expire(self, now: float) -> None:
         while self._by_session:
             key, entry = next(iter(self._by_session.items()))
             if now - entry.last <= self.ttl_s or entry.busy:
                 break
-            self._drop(key)
+            self._drop(key, closing=True)
