@@ -250,9 +250,8 @@ class Generation:
                 if oneoff:
                     self._close_oneoff(ns, sid)
                 raise
-            vkey = f"\x00oneoff-{uuid.uuid4().hex}" if oneoff else f"{ns}\x00{sid}"
-        else:
-            vkey = f"\x00oneoff-{uuid.uuid4().hex}"
+        # a one-off's KV is its own, forgotten at the end; a session's stays for its next turn
+        vkey = f"\x00oneoff-{uuid.uuid4().hex}" if oneoff else f"{ns}\x00{sid}"
 
         fallback = rt.fallback
         sess = engine.stream_session(ns, sid) if sid else None

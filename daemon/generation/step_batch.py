@@ -132,16 +132,27 @@ def _runs(reqs: Sequence[StepRows]) -> list[list[StepRows]]:
     return runs
 
 
+def _pad_plan(reqs: Sequence[StepRows]) -> Callable[[Sequence[int]], list[int]]:
+    """Rows per request, given the kept ones, once each run of consecutive ids is padded
+    to its longest (the runs found once: the joint plan asks for every candidate)."""
+    idx = {id(r): i for i, r in enumerate(reqs)}
+    runs = [[idx[id(r)] for r in run] for run in _runs(reqs)]
+    rooms = [r.room for r in reqs]
+
+    def rows(kept: Sequence[int]) -> list[int]:
+        out = list(kept)
+        for run in runs:
+            longest = max(kept[i] for i in run)
+            for i in run:
+                out[i] = max(kept[i], min(longest, rooms[i]))
+        return out
+
+    return rows
+
+
 def padded_rows(reqs: Sequence[StepRows], kept: Sequence[int]) -> list[int]:
     """Rows per request once each run of consecutive ids is padded to its longest."""
-    idx = {id(r): i for i, r in enumerate(reqs)}
-    rows = list(kept)
-    for run in _runs(reqs):
-        longest = max(kept[idx[id(r)]] for r in run)
-        for r in run:
-            i = idx[id(r)]
-            rows[i] = max(kept[i], min(longest, r.room))
-    return rows
+    return _pad_plan(reqs)(kept)
 
 
 def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
@@ -159,10 +170,10 @@ def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
             low = min(low, float(p))  # a token is accepted only after those before it
             cands.append((-low, j, i))
     cands.sort()
+    pad = _pad_plan(reqs)
 
     def value(expected: float) -> float:
-        rows = padded_rows(reqs, kept)
-        return expected - rate * step_cost(cost, rows, kept)
+        return expected - rate * step_cost(cost, pad(kept), kept)
 
     expected = float(len(reqs))  # the drafts kept whole add a constant: left out
     best, best_kept = value(expected), list(kept)

@@ -358,40 +358,34 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         last one, or, given ``outputs``, for the first ``outputs`` rows only: llama.cpp runs
         the last layer past attention and the output layer (262k x 640 for gemma-3) only
         for rows with logits, so padding that asks for none costs little."""
-        b = self._batch.batch
-        n = len(tokens)
-        b.n_tokens = n
         if outputs is None:
-            outputs = n if all_logits else 0
-        for i, t in enumerate(tokens):
-            b.token[i] = t
-            b.pos[i] = pos0 + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = seq_id
-            b.logits[i] = i < outputs
-        if outputs <= 0:
-            b.logits[n - 1] = True
-        rc = self._llama_cpp.llama_decode(self._ctx.ctx, b)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode failed ({rc}): KV cache full or bad batch")
+            outputs = len(tokens) if all_logits else 0
+        self._decode_rows([(seq_id, tokens, pos0, outputs)])
 
     def _run_step(self, batch: list[StepRows]) -> None:
         """One decode of a planned step: each request's kept tokens then its padding (the
         last kept token again, no logits), at its own sequence and positions."""
-        b = self._batch.batch
-        n = 0
+        rows = []
         for r in batch:
             toks = r.tokens[: r.kept]
-            outs = r.outputs
-            for i in range(r.rows):
-                b.token[n] = toks[i] if i < r.kept else toks[-1]
-                b.pos[n] = r.pos0 + i
+            rows.append((r.seq_id, toks + [toks[-1]] * (r.rows - r.kept), r.pos0, r.outputs))
+        self._decode_rows(rows)
+
+    def _decode_rows(self, rows: Sequence[tuple[int, Sequence[int], int, int]]) -> None:
+        """One ``llama_decode`` of (sequence, tokens, first position, rows with logits) each
+        (the last row has logits when none asks for any)."""
+        b = self._batch.batch
+        n = 0
+        for seq_id, tokens, pos0, outputs in rows:
+            for i, t in enumerate(tokens):
+                b.token[n] = t
+                b.pos[n] = pos0 + i
                 b.n_seq_id[n] = 1
-                b.seq_id[n][0] = r.seq_id
-                b.logits[n] = i < outs
+                b.seq_id[n][0] = seq_id
+                b.logits[n] = i < outputs
                 n += 1
         b.n_tokens = n
-        if not any(r.outputs for r in batch):
+        if not any(outputs > 0 for *_, outputs in rows):
             b.logits[n - 1] = True
         rc = self._llama_cpp.llama_decode(self._ctx.ctx, b)
         if rc != 0:
