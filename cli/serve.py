@@ -38,6 +38,10 @@ import click
                    "trained length).")
 @click.option("--kv-slots", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Sessions that keep their KV cache at once (least recently used evicted).")
+@click.option("--prompt-cache-mb", type=click.IntRange(min=0), default=1024, show_default=True,
+              help="Host memory for KV checkpoints of prompt prefixes, shared by every "
+                   "session: a new conversation starts from the longest one its prompt "
+                   "begins with (0: off).")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
               help="CPU threads of the verifier.")
 @click.option("--n-gpu-layers", type=click.IntRange(min=0), default=0, show_default=True,
@@ -105,6 +109,7 @@ def serve(
     model_load: str,
     ctx_size: int,
     kv_slots: int,
+    prompt_cache_mb: int,
     threads: int,
     n_gpu_layers: int,
     workers: int,
@@ -176,6 +181,7 @@ def serve(
             if value
         },
     )
+    cfg.extra["prompt_cache_mb"] = prompt_cache_mb  # 0 (off) must reach the verifier
     if fleet:
         cfg.extra["fleet_options"] = {"prefix": fleet_prefix, "max_backlog": fleet_max_backlog,
                                       "max_entries": fleet_max_entries}

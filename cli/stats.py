@@ -177,6 +177,16 @@ def _generator_lines(g: Mapping[str, Any]) -> list[str]:
             f"padding {b['padding_rows']:,} rows; the joint plan cut drafts by "
             f"{b['trimmed_draft_tokens']:,} tokens, extended them by "
             f"{b.get('extended_draft_tokens', 0):,}")
+    pc = g.get("prompt_cache")
+    if pc:
+        if pc.get("max_bytes"):
+            out.append(
+                f"  prompt cache: {pc['hits']:,} of {pc['lookups']:,} prompts started "
+                f"from a checkpoint, {pc['reused_tokens']:,} tokens not evaluated again; "
+                f"{pc['entries']:,} checkpoints, {pc['bytes'] / 2**20:,.0f} of "
+                f"{pc['max_bytes'] / 2**20:,.0f} MiB ({pc['evicted']:,} evicted)")
+        else:
+            out.append("  prompt cache: off (--prompt-cache-mb 0)")
     return out + [""]
 
 
@@ -298,6 +308,7 @@ def _generator_status(client: Any) -> dict[str, Any] | None:
         "batch_padding": {int(k): int(v) for k, v in r.batch_padding.items()},
         "draft_model": json.loads(r.draft_model) if r.draft_model else None,
         "batching": json.loads(r.batching) if r.batching else None,
+        "prompt_cache": json.loads(r.prompt_cache) if r.prompt_cache else None,
     }
 
 

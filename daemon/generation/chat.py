@@ -27,6 +27,9 @@ _BUILTIN_BY_ARCH = {
 
 VALID_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 _TOOL_KEYS = ("tool_calls", "tool_call_id", "name")
+# A message content no real one starts with: where a rendering with it parts from the
+# real prompt is where the real message's content begins (cache_points).
+_SENTINEL = "\u2063\u2063"
 
 
 class ChatTemplateError(ValueError):
@@ -107,6 +110,48 @@ class ChatRenderer:
         return bool(
             self._v.tokenize(content, special=True) != self._v.tokenize(content, special=False)
         )
+
+    def cache_points(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+        tokens: Sequence[int],
+    ) -> list[int]:
+        """Prompt positions (token counts of ``tokens``, this chat's prompt) that other
+        prompts are likely to start with: the end of the leading system/developer messages
+        (an agent's next conversation repeats them, and the tools) and the end of all but
+        the last message (a retry, or a branch of the conversation).
+
+        Each is found without assuming how the template lays messages out: the messages
+        before the cut plus a sentinel user message are rendered, the text they share with
+        the whole prompt is tokenized, and the tokens it shares with the prompt, less the
+        last (a token at the cut may merge with what follows in another prompt), count."""
+        msgs = self._check(messages)
+        lead = 0
+        while lead < len(msgs) and msgs[lead]["role"] in ("system", "developer"):
+            lead += 1
+        full = self.render(msgs, True, tools)
+        out = set()
+        for cut in {lead, len(msgs) - 1} - {0}:
+            try:
+                probe = self.render([*msgs[:cut], {"role": "user", "content": _SENTINEL}],
+                                    False, tools)
+            except Exception:  # a template that refuses the probe (roles must alternate)
+                continue
+            chars = 0
+            for a, b in zip(probe, full, strict=False):
+                if a != b:
+                    break
+                chars += 1
+            head = self._v.tokenize(full[:chars], special=True)
+            if self.add_bos and (not head or head[0] != self._v.bos_token):
+                head = [self._v.bos_token, *head]
+            n = 0
+            for a, b in zip(head, tokens, strict=False):
+                if a != b:
+                    break
+                n += 1
+            if n > 1:
+                out.add(n - 1)
+        return sorted(out)
 
     def tokens(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,

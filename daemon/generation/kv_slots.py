@@ -18,16 +18,24 @@ Interface (``KvSlots``, a mixin of ``Verifier``; the host sets ``_llama_cpp``,
   ``common`` tokens and returns how many it kept.
 * ``_seq_rm(seq_id, p0)``: removes positions ``p0..`` of a sequence (draft rollback).
 * ``forget(key)``, ``cached_tokens(key)``: a session's KV dropped, or what it holds.
+* ``_restore_checkpoint(slot, scope, prompt, common)`` / ``_save_checkpoint(slot, scope)``: a slot
+  started from the host-memory prompt cache (``prompt_cache``, shared by every
+  session), and a slot's state kept there.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import threading
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from .prompt_cache import PromptCache
+
+log = logging.getLogger("suffixd.verifier")
 
 class ContextOverflowError(ValueError):
     """The prompt (plus what must be generated) does not fit the context window."""
@@ -44,9 +52,10 @@ class Slot:
 class KvSlots:
     """The slot table over the host's llama.cpp memory (see the module docstring)."""
 
-    # Set by the host (Verifier): the llama_cpp module, the context's memory handle, the
-    # cells per slot and the sliding window (0: none).
+    # Set by the host (Verifier): the llama_cpp module, the context (its ``ctx``) and its
+    # memory handle, the cells per slot and the sliding window (0: none).
     _llama_cpp: Any
+    _ctx: Any
     _mem: Any
     n_ctx: int
     n_swa: int
@@ -56,11 +65,12 @@ class KvSlots:
         prompt's rollback, forget): the host makes them wait for a gap between decodes."""
         return nullcontext()
 
-    def _init_slots(self, n_slots: int) -> None:
+    def _init_slots(self, n_slots: int, prompt_cache_bytes: int = 0) -> None:
         self._slots_lock = threading.Condition()
         self._slots: dict[str, Slot] = {}
         self._free_seq_ids = list(range(n_slots))
         self.n_slots = n_slots
+        self.prompt_cache = PromptCache(prompt_cache_bytes)
 
     def _seq_rm(self, seq_id: int, p0: int) -> None:
         if not self._llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, -1):
@@ -130,6 +140,45 @@ class KvSlots:
             self._seq_rm(slot.seq_id, common)
             del slot.tokens[common:]
         return common
+
+    def _restore_checkpoint(self, slot: Slot, scope: str, prompt: list[int],
+                            common: int) -> int:
+        """Start ``slot`` from the prompt cache's best checkpoint (of ``scope``) when it
+        covers more than the ``common`` tokens the slot kept of it; returns how many
+        prompt tokens the slot holds now. (A longer checkpoint is cut back to what the
+        prompt shares only without sliding-window layers: see prompt_cache.)"""
+        found = self.prompt_cache.best(scope, prompt, len(prompt) - 1, partial=not self.n_swa)
+        if found is None or found[1] <= common:
+            return common
+        cp, n = found
+        # bytes are immutable: llama.cpp reads them in place, no copy
+        src = ctypes.cast(ctypes.c_char_p(cp.state), ctypes.POINTER(ctypes.c_uint8))
+        with self._memory_guard():
+            read = self._llama_cpp.llama_state_seq_set_data(
+                self._ctx.ctx, src, len(cp.state), slot.seq_id)
+            if read != len(cp.state):
+                # llama.cpp has cleared the sequence; evaluate the prompt from scratch
+                self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+                slot.tokens = []
+                log.warning("prompt cache: restoring %d tokens failed", len(cp.tokens))
+                return 0
+            slot.tokens = cp.tokens.tolist()
+            if n < len(slot.tokens):
+                self._seq_rm(slot.seq_id, n)
+                del slot.tokens[n:]
+        self.prompt_cache.record_hit(n)
+        return n
+
+    def _save_checkpoint(self, slot: Slot, scope: str) -> None:
+        """Keep the slot's state (its KV for ``slot.tokens``) in the prompt cache."""
+        ctx = self._ctx.ctx
+        with self._memory_guard():
+            size = int(self._llama_cpp.llama_state_seq_get_size(ctx, slot.seq_id))
+            buf = ctypes.create_string_buffer(size)
+            written = int(self._llama_cpp.llama_state_seq_get_data(
+                ctx, ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint8)), size, slot.seq_id))
+        if written:
+            self.prompt_cache.add(scope, slot.tokens, buf.raw[:written])
 
     def forget(self, session_key: str) -> None:
         """Drop a session's KV cache (e.g. when the session is closed)."""

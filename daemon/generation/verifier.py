@@ -219,10 +219,12 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         n_slots: int = 4,
         n_batch: int = 512,
         n_gpu_layers: int = 0,
+        prompt_cache_mb: int = 1024,
         verbose: bool = False,
     ) -> None:
         """``n_ctx``: the context of each session (KV slot), capped at the model's trained
-        length; ``n_slots`` sessions keep their KV cache at once."""
+        length; ``n_slots`` sessions keep their KV cache at once; ``prompt_cache_mb``:
+        host memory for prompt checkpoints shared across sessions (0: none)."""
         import llama_cpp
         from llama_cpp import _internals
 
@@ -270,7 +272,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=verbose)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model.model)
         self.vocab_size = int(self._model.n_vocab())
-        self._init_slots(n_slots)
+        self._init_slots(n_slots, prompt_cache_mb << 20)
         self._closed = False
         self._init_costs()
         self._cost_model: tuple[object, Callable[[int], float]] | None = None
@@ -408,8 +410,14 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         params: GenerateParams | None = None,
         propose: Proposer | None = None,
         on_step: StepCallback | None = None,
+        cache_points: Sequence[int] = (),
+        cache_scope: str = "",
     ) -> Iterator[Chunk]:
         """Stream the continuation of ``prompt_tokens``; the last chunk has a finish reason.
+
+        ``cache_points``: prompt positions other prompts are likely to share (e.g. the end
+        of a chat's system messages), where a checkpoint of the KV state is worth keeping
+        (``prompt_cache``); ``cache_scope``: who may reuse it (the namespace).
 
         ``propose(context, k)`` returns a draft (an object with ``path()`` and
         ``source``, or a plain token list) of at most ``k`` tokens continuing
@@ -432,7 +440,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         try:
             self._steps.join()
             try:
-                yield from self._generate(slot, prompt, params, propose, on_step)
+                yield from self._generate(slot, prompt, params, propose, on_step,
+                                          cache_points, cache_scope)
             finally:
                 self._steps.leave()
         finally:
@@ -445,6 +454,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         params: GenerateParams,
         propose: Proposer | None,
         on_step: StepCallback | None,
+        cache_points: Sequence[int] = (),
+        cache_scope: str = "",
     ) -> Iterator[Chunk]:
         stats = GenerationStats(prompt_tokens=len(prompt))
         t_start = time.perf_counter()
@@ -466,19 +477,28 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         while common < limit and slot.tokens[common] == prompt[common]:
             common += 1
         common = self._reusable_prefix(slot, common)
+        # ... or a longer prefix from another conversation's checkpoint
+        new_conversation = common == 0
+        common = self._restore_checkpoint(slot, cache_scope, prompt, common)
         stats.cached_prompt_tokens = common
         # The prompt must fit; the generation stops ("length") where the context ends.
         self._make_room(slot, len(prompt) - common + 1)
         max_tokens = max(1, min(params.max_tokens, self.n_ctx - len(prompt)))
-        todo = prompt[common:-1]
-        done = 0
-        while done < len(todo):
-            # in chunks the steps of the other generations leave room for
-            part = StepRows(slot.seq_id, todo[done : done + self.n_batch], len(slot.tokens),
-                            room=self.n_batch, prompt=True)
+        points = self.prompt_cache.points(cache_scope, prompt, common, cache_points,
+                                          new=new_conversation)
+        end = len(prompt) - 1
+        while len(slot.tokens) < end:
+            # in chunks the steps of the other generations leave room for, each ending
+            # at the next checkpoint at the latest
+            pos = len(slot.tokens)
+            upto = min(end, pos + self.n_batch, *points[:1])
+            part = StepRows(slot.seq_id, prompt[pos:upto], pos, room=self.n_batch, prompt=True)
             with self._steps.step(part):
                 slot.tokens.extend(part.tokens[: part.kept])
-            done += part.kept
+            if points and len(slot.tokens) == points[0]:
+                self._save_checkpoint(slot, cache_scope)
+                points.pop(0)
+        self.prompt_cache.remember_prompt(cache_scope, prompt)
         stats.prompt_s = time.perf_counter() - t_start
 
         context = list(prompt)

@@ -80,6 +80,7 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
             if rt.fallback is not None:
                 out.draft_model = json.dumps(rt.fallback.stats())
             out.batching = json.dumps(rt.verifier.batch_stats())
+            out.prompt_cache = json.dumps(rt.verifier.prompt_cache.as_dict())
         return out
 
     def Generate(

@@ -130,7 +130,21 @@ class EngineCollector(Collector):
             "step cut from its drafter's choice, or added past it.", labels=["change"])
         cut.add_metric(["cut"], b["trimmed_draft_tokens"])
         cut.add_metric(["extended"], b["extended_draft_tokens"])
-        yield from (steps, rows, cut)
+        pc = verifier.prompt_cache.as_dict()
+        cache = CounterMetricFamily(
+            "suffixd_prompt_cache_events", "Prompt cache (KV checkpoints of prompt prefixes "
+            "shared by every session): lookups, hits, checkpoints saved, evicted, refused.",
+            labels=["event"])
+        for kind in ("lookups", "hits", "saved", "evicted", "refused"):
+            cache.add_metric([kind], pc[kind])
+        reused = CounterMetricFamily(
+            "suffixd_prompt_cache_reused_tokens", "Prompt tokens restored from a checkpoint "
+            "instead of evaluated.")
+        reused.add_metric([], pc["reused_tokens"])
+        held = GaugeMetricFamily("suffixd_prompt_cache_bytes",
+                                 "Host memory held by prompt checkpoints.")
+        held.add_metric([], pc["bytes"])
+        yield from (steps, rows, cut, cache, reused, held)
 
 
 # The label value of every namespace's figures summed (without --metrics-namespaces).
