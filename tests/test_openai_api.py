@@ -146,6 +146,35 @@ def test_an_agent_conversation_is_found_without_a_header(http_daemon: Any) -> No
     assert int(counters["steps"]) > 0 and int(counters["requests"]) == 3, counters
 
 
+def test_new_conversations_pay_only_for_what_differs_from_a_shared_system_prompt(
+        http_daemon: Any) -> None:
+    """An agent's next task: the same 1,000-token system prompt, a new conversation, no
+    header. Its KV comes from the first conversation's checkpoint (another namespace's
+    does not count)."""
+    deadline = time.monotonic() + 600  # the model loads in the background (slow when busy)
+    while not http_daemon.generator_status()["loaded"] and time.monotonic() < deadline:
+        time.sleep(1)
+    tables = ", ".join(f"table_{i}(id, name_{i}, value_{i}, created_at)" for i in range(60))
+    system = f"You translate questions into SQL for this schema: {tables}. Answer with SQL."
+    usages = []
+    for ns, question in (("tasks", "How many rows has table_3?"),
+                         ("tasks", "List the names in table_7."),
+                         ("other-tenant", "List the names in table_7.")):
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        _, extra, usage = _turn(http_daemon.oai, ns, msgs)
+        assert not extra["session_found"]
+        usages.append(usage)
+    first, second, other = usages
+    assert first.prompt_tokens > 1000
+    assert first.prompt_tokens_details.cached_tokens == 0
+    # all of the system prompt, none of the question (it starts within its last tokens)
+    assert first.prompt_tokens - 40 < second.prompt_tokens_details.cached_tokens \
+        < second.prompt_tokens - 5
+    assert other.prompt_tokens_details.cached_tokens == 0
+    pc = http_daemon.generator_status()["prompt_cache"]
+    assert pc["hits"] >= 1 and pc["reused_tokens"] >= 1000 and pc["entries"] >= 1
+
+
 def test_interleaved_conversations_with_one_system_prompt_stay_apart(http_daemon: Any) -> None:
     ns = "interleaved"
     convs: dict[str, list[dict[str, str]]] = {
