@@ -66,7 +66,7 @@ import hashlib
 import logging
 import re
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any
 
 from . import outbox
@@ -118,6 +118,13 @@ class Fleet(FleetPublisher, FleetConsumer, FleetSnapshots, FleetStatusView):
         self.published = 0
         self.applied = 0
         self.skipped = 0
+        self.invalid: dict[tuple[str, str], int] = {}  # (namespace, reason) -> entries
+        self._invalid_seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._bad_names: set[bytes] = set()
+        # The consumer holds it while it applies a namespace's entries; a local drop
+        # (Engine.drop_namespace) takes it too, so the two never interleave.
+        self.apply_lock = threading.RLock()
+        engine.fleet_lock = self.apply_lock
         self.snapshots_loaded = 0
         self.snapshots_written = 0
         self.backlog = outbox.backlog(self.store)
