@@ -69,7 +69,9 @@ Locking (explicit; a lock is never held across another session's work):
   Store is thread-safe (one writer thread; group commit).
 * ``trees.lock`` pairs a background rebuild's "add" with live removals, so a sequence
   removed while the rebuild runs is never resurrected.
-* Lock order: session locks (sorted) -> ``registry.lock`` -> ``counters.lock``;
+* ``fleet_lock`` (the fleet consumer's apply lock with ``--fleet``, else a no-op) is held
+  across ``drop_namespace``, so a drop never interleaves with a peer's entry being applied.
+* Lock order: ``fleet_lock`` -> session locks (sorted) -> ``registry.lock`` -> ``counters.lock``;
   ``trees.lock`` is taken with nothing but session locks held and only around tree
   calls. The store and the cache are called with at most session locks held.
 """

@@ -6,8 +6,12 @@ namespace's stream after its position and applies the other nodes' entries; each
 entry's data and the new position commit in one transaction, so a node killed at any
 point resumes exactly after what it applied), ``_consume`` (one XREAD's result),
 ``_discover`` (namespaces new to this node, caught up from their snapshot when their
-stream was trimmed past our position) and the appliers ``_apply_evict`` and
-``_add_to_tree``, which the snapshot catch-up (daemon/fleet/snapshot.py) shares.
+stream was trimmed past our position) and the appliers ``_apply_evict``,
+``_add_to_tree`` and ``_drop``, which the snapshot catch-up (daemon/fleet/snapshot.py)
+shares. Every entry is checked whole first (daemon/fleet/entries.py): an invalid one is
+skipped, logged once with its stream id and counted in ``invalid`` ((namespace, reason)
+-> entries), and the position moves past it. Entries are compared with the namespace's
+drop epoch (daemon/fleet/node.py, "Drops") under ``apply_lock``.
 
 It keeps ``pos`` (namespace -> stream id handled), ``seen`` ((namespace, origin) ->
 highest outbox number handled), ``namespaces`` and the counters ``applied`` /

@@ -3,7 +3,8 @@
 ``FleetPublisher`` is one of the rooms of ``Fleet`` (daemon/fleet/node.py), a mixin over the
 node's shared state. It provides ``_hook`` (``Engine.ingest_hook``: runs inside the
 ingest's LMDB transaction and writes the outbox entry there, so an entry exists exactly
-when its data committed) and ``_publish_loop`` (the publisher thread: XADDs the outbox
+when its data committed; a namespace drop also records its new drop epoch there) and
+``_publish_loop`` (the publisher thread: XADDs the outbox
 in order to the namespaces' streams, then deletes what it published; after an overflow
 it re-publishes the node's own responses and documents of the namespaces concerned).
 
