@@ -37,10 +37,17 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def node_b(redis_server: RedisServer, tmp_path: Path) -> Iterator[Node]:
+def node_b(redis_server: RedisServer, tmp_path: Path,
+           caplog: pytest.LogCaptureFixture) -> Iterator[Node]:
     b = Node(tmp_path / "b", redis_server.url, "b")
     yield b
     b.close()
+    # Whatever was in the stream, the consumer never failed ("applying entries failed;
+    # retrying") and Redis never looked unreachable.
+    bad = [r.getMessage() for r in caplog.records
+           if r.name == "suffixd.fleet" and (r.levelname == "ERROR" or "unreachable"
+                                             in r.getMessage())]
+    assert not bad, bad
 
 
 def _entry(ns: str, src: str, **f: Any) -> dict[bytes, bytes]:
@@ -159,7 +166,7 @@ _garbage = st.one_of(
 )
 
 
-@settings(max_examples=25, deadline=None,
+@settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(plan=st.lists(st.one_of(st.just(None), _garbage), min_size=1, max_size=12))
 def test_arbitrary_entries_never_stop_the_valid_ones(redis_server: RedisServer,
@@ -227,3 +234,33 @@ def test_the_daemon_starts_and_rebuilds_past_an_invalid_record(daemon_factory: A
     d.stop()
     log = d.log()
     assert "Traceback" not in log and "skipped a stored sequence no tree takes" in log, log
+
+
+def test_entries_the_store_would_refuse_are_refused_before_it(redis_server: RedisServer,
+                                                              node_b: Node) -> None:
+    """A document key too long for an LMDB key, metadata past its limits: refused as
+    entries (a write LMDB refused would be retried for ever)."""
+    r = redis_server.client()
+    doc = {"op": "doc", "seqs": [pack_tokens([5, 6, 7])], "hash": "h"}
+    last = _publish(r, node_b, "ns", [
+        _entry("ns", "p.1", key="k" * 600, **doc),
+        _entry("ns", "p.1", key="big-meta", meta={f"m{i}": "x" for i in range(100)}, **doc),
+        _entry("ns", "p.1", key="nested-meta", meta={"a": [1, {"b": 2}]}, **doc),
+        _entry("ns", "p.1", key="fine", meta={"kind": "sql", "size": 12}, **doc),
+    ])
+    wait_for(lambda: node_b.fleet.pos.get("ns") == last, what="b past the entries")
+    assert node_b.fleet.local_status()["invalid_entries"] == {"ns": {"size": 1, "schema": 2}}
+    assert node_b.doc("fine") == [[5, 6, 7]]
+
+
+def test_a_stream_key_of_another_type_does_not_stop_the_other_namespaces(
+        redis_server: RedisServer, node_b: Node) -> None:
+    r = redis_server.client()
+    r.set(node_b.fleet.keys.stream("bad"), b"not a stream")
+    r.sadd(node_b.fleet.keys.namespaces, "bad", b"\xff\xfe")  # and a name no node writes
+    _publish(r, node_b, "ns", [_resp("ns", "p.1", 0, _toks(0))])
+    wait_for(lambda: _drafts(node_b, "ns", _toks(0)), what="the good namespace applied")
+    time.sleep(0.5)
+    _publish(r, node_b, "ns", [_resp("ns", "p.1", 1, _toks(1))])
+    wait_for(lambda: _drafts(node_b, "ns", _toks(1)), what="and on")
+    assert node_b.fleet.redis_up

@@ -38,6 +38,7 @@ from .config import FleetConfig, FleetError, RedisKeys, stream_id
 log = logging.getLogger("suffixd.fleet")
 
 _Rep = dict[str, Any]  # an entry's replica record: {ns, id (stream id), src, n}
+_BAD_STREAM_S = 30.0  # a stream key of another type is looked at again after this
 
 
 class FleetConsumer:
@@ -60,6 +61,7 @@ class FleetConsumer:
     invalid: dict[tuple[str, str], int]
     _invalid_seen: OrderedDict[tuple[str, str], None]
     _bad_names: set[bytes]
+    _bad_streams: dict[str, float]
     apply_lock: threading.RLock
     _apply_lat: deque[float]
 
@@ -137,6 +139,8 @@ class FleetConsumer:
                 log.error("fleet: %s", exc)
                 return
             except self._redis_mod.RedisError as exc:
+                if str(exc).startswith("WRONGTYPE") and self._set_aside_bad_streams():
+                    continue  # one bad key must not stop the other namespaces
                 self._down(exc)
                 self._reload_state()
                 self._stop.wait(backoff)
@@ -159,14 +163,40 @@ class FleetConsumer:
                 if m not in self._bad_names and len(self._bad_names) < 1000:
                     self._bad_names.add(m)
                     log.warning("fleet: ignored an invalid namespace name",
-                                extra={"name": repr(m[:80]), "error": str(exc)})
+                                extra={"member": repr(m[:80]), "error": str(exc)})
                 continue
             found.add(ns)
+        now = time.monotonic()
+        found -= {ns for ns, t in self._bad_streams.items() if now - t < _BAD_STREAM_S}
         for ns in found - self.namespaces:
             trim = self.r.hget(self.keys.snapmeta(ns), "trimmed")
             if trim is not None and stream_id(trim) > stream_id(self.pos.get(ns, "0-0")):
                 self._load_snapshot(ns)
         self.namespaces = found
+
+    def _set_aside_bad_streams(self) -> bool:
+        """Some namespace's stream key holds another type (anything can write to Redis):
+        read the others without it for a while, and say so. Whether one was found."""
+        names = sorted(self.namespaces)
+        pipe = self.r.pipeline(transaction=False)
+        for ns in names:
+            pipe.type(self.keys.stream(ns))
+        try:
+            kinds = pipe.execute()
+        except self._redis_mod.RedisError:
+            return False
+        found = False
+        for ns, kind in zip(names, kinds, strict=True):
+            if kind not in (b"stream", b"none", "stream", "none"):
+                if ns not in self._bad_streams:
+                    log.warning("fleet: a namespace's stream key holds another type; not "
+                                "read until it is a stream", extra={
+                                    "namespace": ns, "key": self.keys.stream(ns),
+                                    "type": str(kind)})
+                self._bad_streams[ns] = time.monotonic()
+                self.namespaces.discard(ns)
+                found = True
+        return found
 
     def _consume(self, res: list[Any]) -> None:
         names = [self.keys.ns_of(key) for key, _ in res]

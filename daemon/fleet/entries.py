@@ -28,9 +28,13 @@ from . import outbox
 REASONS = ("unreadable", "schema", "namespace", "tokens", "size")
 OPS = ("resp", "doc", "undoc", "evict", "drop")
 
-# A node's origin name: its --node-id (daemon/fleet/node.py) "." its incarnation.
-_SRC_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+# A node's origin name: its --node-id (daemon/fleet/node.py, 1-64 characters) "." its
+# incarnation (8 hex digits).
+_SRC_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 _I64 = 2**63
+# LMDB refuses keys over 511 bytes, and a refused write would be retried for ever: a
+# document's keys (``ns NUL key``, the fleet's ``w NUL ns NUL key``) must fit.
+_MAX_KEY = 500
 
 
 class BadEntry(Exception):
@@ -57,12 +61,45 @@ def _str(e: dict[str, Any], field: str) -> str:
 
 def _origin(v: Any) -> str:
     # "src:seq": a peer's sequence; evictions of this node's own parse the seq back.
-    if not isinstance(v, str) or len(v) > 300:
-        raise BadEntry("schema", "an origin is not a string of at most 300 characters")
+    if not isinstance(v, str) or len(v) > 128:
+        raise BadEntry("schema", "an origin is not a string of at most 128 characters")
     src, _, seq = v.rpartition(":")
     if not _SRC_RE.match(src) or not seq.isascii() or not seq.isdigit() or len(seq) > 19:
         raise BadEntry("schema", f"origin {v[:80]!r} is not <node>:<sequence id>")
     return v
+
+
+def _doc_key(key: str, ns: str) -> str:
+    if not key or "\x00" in key:  # as CorpusDocuments.add requires
+        raise BadEntry("schema", "a document key is empty or holds NUL")
+    try:
+        size = len(key.encode("utf-8")) + len(ns.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadEntry("schema", "a document key is not valid UTF-8") from None
+    if size > _MAX_KEY:
+        raise BadEntry("size", f"a document key of {size} bytes with its namespace")
+    return key
+
+
+def _hash(v: Any) -> str | None:
+    if v is not None and (not isinstance(v, str) or len(v) > 256):
+        raise BadEntry("schema", "a document hash is not a string of at most 256 characters")
+    return v
+
+
+def _meta(v: Any, validator: Any) -> dict[str, Any]:
+    # What a warm stores ({"kind": "sql", "size": 123}), within a session metadata's limits.
+    meta = v or {}
+    if not isinstance(meta, dict) or len(meta) > validator.limits.max_metadata_entries:
+        raise BadEntry("schema", "a document's meta is not a small map")
+    for k, x in meta.items():
+        if not isinstance(k, str) or not (x is None or isinstance(x, str | int | float)):
+            raise BadEntry("schema", "a document's meta holds more than names and scalars")
+        if isinstance(x, int) and not -_I64 <= x < _I64:
+            raise BadEntry("schema", "a document's meta holds an integer out of range")
+    if len(outbox.dump(meta)) > validator.limits.max_metadata_bytes:
+        raise BadEntry("size", "a document's meta is above the metadata limit")
+    return meta
 
 
 def tokens_error(tokens: list[int], vocab_size: int | None) -> str | None:
@@ -131,9 +168,7 @@ def check(fields: Any, ns: str, validator: Any) -> dict[str, Any]:
         if not e["toks"]:
             raise BadEntry("schema", "an empty response")
     elif op in ("doc", "undoc"):
-        key = _str(e, "key")
-        if not key or "\x00" in key:  # as CorpusDocuments.add requires
-            raise BadEntry("schema", "field 'key' is empty or holds NUL")
+        _doc_key(_str(e, "key"), ns)
         if op == "doc":
             seqs = e.get("seqs")
             if not isinstance(seqs, list):
@@ -141,10 +176,8 @@ def check(fields: Any, ns: str, validator: Any) -> dict[str, Any]:
             e["toks"] = [_tokens(s, validator, lim.max_tokens_per_call) for s in seqs]
             if sum(map(len, e["toks"])) > lim.max_tokens_per_call:
                 raise BadEntry("size", "a document above the tokens-per-call limit")
-            if e.get("hash") is not None and not isinstance(e["hash"], str):
-                raise BadEntry("schema", "field 'hash' is not a string")
-            if not isinstance(e.get("meta") or {}, dict):
-                raise BadEntry("schema", "field 'meta' is not a map")
+            _hash(e.get("hash"))
+            _meta(e.get("meta"), validator)
     elif op == "evict":
         o = e.get("o")
         if not isinstance(o, list):
@@ -156,7 +189,7 @@ def check(fields: Any, ns: str, validator: Any) -> dict[str, Any]:
     return e
 
 
-def check_snapshot_item(item: Any, validator: Any) -> list[Any]:
+def check_snapshot_item(item: Any, ns: str, validator: Any) -> list[Any]:
     """One item of a snapshot (daemon/fleet/snapshot.py): ["r", origin, tokens] or
     ["d", key, [tokens...], hash, meta], with the tokens unpacked in place."""
     lim = validator.limits
@@ -164,10 +197,10 @@ def check_snapshot_item(item: Any, validator: Any) -> list[Any]:
         raise BadEntry("schema", "a snapshot item is not a list")
     if item[0] == "r" and len(item) == 3:
         return ["r", _origin(item[1]), _tokens(item[2], validator, lim.max_session_tokens)]
-    if item[0] == "d" and len(item) == 5 and isinstance(item[1], str) and item[1] \
-            and "\x00" not in item[1] and isinstance(item[2], list):
+    if item[0] == "d" and len(item) == 5 and isinstance(item[1], str) \
+            and isinstance(item[2], list):
         seqs = [_tokens(s, validator, lim.max_tokens_per_call) for s in item[2]]
-        meta = item[4] if isinstance(item[4], dict) else {}
-        chash = item[3] if isinstance(item[3], str) else None
-        return ["d", item[1], seqs, chash, meta]
+        if sum(map(len, seqs)) > lim.max_tokens_per_call:
+            raise BadEntry("size", "a document above the tokens-per-call limit")
+        return ["d", _doc_key(item[1], ns), seqs, _hash(item[3]), _meta(item[4], validator)]
     raise BadEntry("schema", "a snapshot item of no known kind")

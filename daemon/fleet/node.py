@@ -34,7 +34,9 @@ the op's fields, the namespace, token ids inside the vocabulary, the sizes the d
 allows its own inputs). An invalid one is skipped, logged once with its stream id and
 counted by namespace and reason (``status()["invalid_entries"]``,
 ``suffixd_fleet_invalid_entries_total``); the position moves past it and the valid
-entries around it are applied.
+entries around it are applied. A namespace name that is not one (bad UTF-8, too long)
+is never read, and a stream key holding another type is set aside for 30 s at a time,
+so one bad key does not stop the other namespaces.
 
 Drops. ``Engine.drop_namespace`` calls the hook (op "drop") in its transaction: the
 namespace's drop epoch (stored in the ``fleet`` database, 0 until a first drop) goes up
@@ -144,6 +146,7 @@ class Fleet(FleetPublisher, FleetConsumer, FleetSnapshots, FleetStatusView):
         self.invalid: dict[tuple[str, str], int] = {}  # (namespace, reason) -> entries
         self._invalid_seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._bad_names: set[bytes] = set()
+        self._bad_streams: dict[str, float] = {}  # namespace -> when its key was not a stream
         # The consumer holds it while it applies a namespace's entries; a local drop
         # (Engine.drop_namespace) takes it too, so the two never interleave.
         self.apply_lock = threading.RLock()

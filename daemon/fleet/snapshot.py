@@ -95,7 +95,7 @@ class FleetSnapshots:
                 continue
             for raw in items:
                 try:
-                    item = entries.check_snapshot_item(raw, self.engine.validator)
+                    item = entries.check_snapshot_item(raw, ns, self.engine.validator)
                 except entries.BadEntry as exc:
                     invalid += 1
                     if invalid <= 10:
