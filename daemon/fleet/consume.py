@@ -230,7 +230,7 @@ class FleetConsumer:
                 # drop it applied: the position moves past it, after the run before it.
                 self._apply_responses(ns, run)
                 run = []
-                self._skip(rep, count=e is not None)
+                self._skip(rep, count="src" in rep)  # invalid ones are counted apart
                 continue
             if entry_ep > ep:
                 # A drop: this entry's, or one this node never read (trimmed away, or lost
