@@ -58,12 +58,20 @@ def list_(as_json: bool, address: str | None, socket_path: str | None, data_dir:
 def drop(name: str, yes: bool, address: str | None, socket_path: str | None,
          data_dir: str | None, auth_token: str | None) -> None:
     """Delete namespace NAME durably: its open sessions, global and corpus trees, corpus
-    file records and counters."""
+    file records and counters. In a fleet, on every node."""
     if not yes:
         click.confirm(f"Drop namespace {name!r} and everything in it?", abort=True)
-    r = _run(lambda c: c.drop_namespace(name), address, socket_path, data_dir, auth_token)
+    def run(c: Any) -> tuple[dict[str, Any], bool]:
+        dropped = c.drop_namespace(name)
+        return dropped, bool(c.stats(namespace=name, top_documents=1).get("fleet_json"))
+
+    r, fleet = _run(run, address, socket_path, data_dir, auth_token)
+    # In a fleet the drop is published to every node (daemon/fleet/node.py, "Drops").
+    also = (" The drop was published to the fleet: every node drops the namespace, and "
+            "entries or snapshots written before the drop are ignored.") if fleet else ""
     if not r["found"]:
-        click.echo(f"namespace {name!r} holds nothing; nothing dropped")
+        click.echo(f"namespace {name!r} holds nothing on this node; nothing dropped here."
+                   + also)
         return
     click.echo(f"dropped {name}: {r['sessions']} open sessions, {r['sequences']} sequences, "
-               f"{r['documents']} corpus files")
+               f"{r['documents']} corpus files." + also)

@@ -190,12 +190,21 @@ def _generator_lines(g: Mapping[str, Any]) -> list[str]:
     return out + [""]
 
 
+def _invalid_detail(n: Mapping[str, Any]) -> str:
+    """The invalid peer entries this node skipped, by namespace and reason."""
+    parts = [f"{ns} {reason} {c:,}" for ns, reasons in sorted(
+        (n.get("invalid_entries") or {}).items()) for reason, c in sorted(reasons.items())]
+    return f"\n  invalid entries skipped: {', '.join(parts)}" if parts else ""
+
+
 def _fleet_line(n: Mapping[str, Any]) -> str:
     state = "up" if n.get("redis_up") else "REDIS UNREACHABLE"
     return (f"fleet {n.get('url', '')} as node {n.get('node', '?')}: redis {state}   "
             f"lag {n.get('lag_entries', 0):,} entries ({n.get('lag_s', 0.0):.1f} s)   "
             f"backlog {n.get('backlog', 0):,}   published {n.get('published', 0):,}   "
             f"applied {n.get('applied', 0):,}"
+            + (f"   INVALID {n['invalid']:,} skipped" if n.get("invalid") else "")
+            + _invalid_detail(n)
             + (f"\n  error: {n['error']}" if n.get("error") else ""))
 
 
@@ -206,13 +215,13 @@ def render_fleet(fleet: Mapping[str, Any] | None) -> str:
     now = time.time()
     out = [_fleet_line(fleet["node"]), "",
            f"{'node':<16}{'redis':>7}{'lag':>9}{'lag s':>8}{'backlog':>9}{'published':>11}"
-           f"{'applied':>10}{'apply p50/p99 ms':>18}{'seen':>8}"]
+           f"{'applied':>10}{'invalid':>9}{'apply p50/p99 ms':>18}{'seen':>8}"]
     for name, n in sorted((fleet.get("nodes") or {}).items()):
         age = now - float(n.get("t", 0.0))
         out.append(
             f"{name:<16}{'up' if n.get('redis_up') else 'down':>7}{n.get('lag_entries', 0):>9,}"
             f"{n.get('lag_s', 0.0):>8.1f}{n.get('backlog', 0):>9,}{n.get('published', 0):>11,}"
-            f"{n.get('applied', 0):>10,}"
+            f"{n.get('applied', 0):>10,}{n.get('invalid', 0):>9,}"
             f"{n.get('apply_lag_p50_ms', 0.0):>9.1f}/{n.get('apply_lag_p99_ms', 0.0):<8.1f}"
             f"{age:>7.0f}s")
     return "\n".join(out) + "\n"

@@ -182,3 +182,13 @@ class Txn:
 
     def fleet_delete(self, key: bytes) -> bool:
         return bool(self.txn.delete(key, db=self._dbs.fleet))
+
+    def fleet_delete_prefix(self, prefix: bytes) -> int:
+        """Delete every key of the fleet database starting with ``prefix``; how many."""
+        cur = self.txn.cursor(db=self._dbs.fleet)
+        n = 0
+        ok = cur.set_range(prefix)
+        while ok and cast(bytes, cur.key()).startswith(prefix):
+            ok = cur.delete()  # moves to the next key
+            n += 1
+        return n

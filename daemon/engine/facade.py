@@ -69,13 +69,16 @@ Locking (explicit; a lock is never held across another session's work):
   Store is thread-safe (one writer thread; group commit).
 * ``trees.lock`` pairs a background rebuild's "add" with live removals, so a sequence
   removed while the rebuild runs is never resurrected.
-* Lock order: session locks (sorted) -> ``registry.lock`` -> ``counters.lock``;
+* ``fleet_lock`` (the fleet consumer's apply lock with ``--fleet``, else a no-op) is held
+  across ``drop_namespace``, so a drop never interleaves with a peer's entry being applied.
+* Lock order: ``fleet_lock`` -> session locks (sorted) -> ``registry.lock`` -> ``counters.lock``;
   ``trees.lock`` is taken with nothing but session locks held and only around tree
   calls. The store and the cache are called with at most session locks held.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -160,6 +163,10 @@ class Engine:
         # transaction of every ingest that reaches a global or corpus tree, so the entry it
         # queues for publication commits (or not) with the data.
         self.ingest_hook: Any = None
+        # Held across a namespace drop; the fleet makes it the lock its consumer holds
+        # while it applies a namespace's entries, so a drop never lands between a peer
+        # entry's epoch check and its write.
+        self.fleet_lock: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
 
         # Deferred stream steps are lazy store writes: they commit together at most every
         # lazy_commit_s (or with the next durable write). At 3,000 deferred steps/s, 5 ms
@@ -183,7 +190,8 @@ class Engine:
         self.counters = Counters(self.store, self.registry, self.cache)
         self.namespaces = NamespaceLimit(self.limits, self.cache, self.registry, self.counters)
         self.budgets = SessionBudgets(self.limits, self.cache)
-        self.trees = TreeIndex(self.store, self.cache, self._publish, self._stop)
+        self.trees = TreeIndex(self.store, self.cache, self._publish, self._stop,
+                               self.vocab_size)
         self.drafting = Drafting(self.cache, self.cache_config, self.registry, self.counters,
                                  self.trees, self.namespaces)
         self.observers: list[Any] = self.drafting.observers
@@ -194,7 +202,8 @@ class Engine:
         self.corpus = CorpusDocuments(self.store, self.validator, self.trees, self._publish,
                                       self.namespaces)
         self._parts = NamespaceParts(self.store, self.cache, self.registry, self.counters,
-                                     self.trees, self.ingest, self.budgets, self.namespaces)
+                                     self.trees, self.ingest, self.budgets, self.namespaces,
+                                     self._publish)
         # (ns, corpus sequence) -> document key; grpc_api/corpus_service.py indexes warmed
         # files here.
         self._corpus_docs = self.trees.corpus_docs
@@ -469,10 +478,12 @@ class Engine:
             return [ns]
         return self.namespaces.names()
 
-    def drop_namespace(self, ns: str) -> dict[str, Any]:
+    def drop_namespace(self, ns: str, replica: Any = None) -> dict[str, Any]:
         """Delete a namespace and everything in it, durably (daemon/engine/namespace_drop.py):
-        {found, sessions, sequences, documents}."""
-        return drop_namespace(self._parts, ns)
+        {found, sessions, sequences, documents}. ``replica``: the fleet applies a peer's
+        drop (it is not published again)."""
+        with self.fleet_lock:
+            return drop_namespace(self._parts, ns, replica)
 
     def admit_namespace(self, ns: str) -> None:
         """Before creating state in ``ns`` (ResourceExhausted past --max-namespaces)."""

@@ -6,7 +6,9 @@ then one transaction deletes every record of the namespace (sessions and their c
 global and corpus sequences, corpus file records, counters: Txn.drop_namespace), then the
 in-memory state follows (trees, counters, budgets, the namespace's place under
 --max-namespaces). Durable when it returns; a background rebuild still running does not
-put the sequences back. On this node only: a fleet does not replicate drops.
+put the sequences back. In a fleet the drop is published in the same transaction (the
+fleet's ingest hook, op "drop"), and a peer's drop is applied here with ``replica`` (the
+hook records its epoch and position instead of publishing it again).
 
 Locks: the namespace's session locks, taken in sorted order (as ingest takes them), are
 held across the transaction, so no append of those sessions interleaves; their queued
@@ -17,6 +19,7 @@ dropped session's records back).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,9 +46,10 @@ class NamespaceParts:
     ingest: Ingest
     budgets: SessionBudgets
     namespaces: NamespaceLimit
+    publish: Callable[..., None]
 
 
-def drop_namespace(p: NamespaceParts, ns: str) -> dict[str, Any]:
+def drop_namespace(p: NamespaceParts, ns: str, replica: Any = None) -> dict[str, Any]:
     p.registry.validator.check_name("namespace", ns)
     sessions = sorted(p.registry.sessions(ns), key=lambda s: s.id)
     with contextlib.ExitStack() as stack:
@@ -58,6 +62,7 @@ def drop_namespace(p: NamespaceParts, ns: str) -> dict[str, Any]:
 
         def write(t: Any) -> dict[str, Any]:
             dropped: dict[str, Any] = t.drop_namespace(ns)
+            p.publish(t, "drop", ns, replica=replica)
             # In the transaction: a counter flush queued after it must not write them back.
             dropped["counters"] = p.counters.forget_namespace(ns)
             return dropped

@@ -7,7 +7,9 @@ Interface (``TreeIndex``, one per Engine):
 * ``start_rebuild(session_tokens, t0, background, spawn, count_sessions)``: re-insert the
   stored "response" and "corpus" sequences into the trees, now or (``background``) in the
   ``suffixd-rebuild`` thread while the daemon serves; ``rebuilding``,
-  ``rebuild_tokens`` and ``rebuild_seconds`` tell how far it is (Info.rebuilding);
+  ``rebuild_tokens`` and ``rebuild_seconds`` tell how far it is (Info.rebuilding); a
+  stored record no tree takes (token ids outside the vocabulary) is skipped, logged and
+  counted (``invalid_records``), never the end of the rebuild;
 * ``remove(ns, kind, seq_ids)``: take sequences out of the trees after they were deleted
   from the store; a rebuild still running will not put them back;
 * ``delete_sequences(seq_ids)``: delete sequences the global tree evicted from the store
@@ -39,8 +41,12 @@ log = logging.getLogger("suffixd.engine")
 
 class TreeIndex:
     def __init__(self, store: Store, cache: SuffixCache, publish: Callable[..., None],
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, vocab_size: int | None = None) -> None:
         self.store = store
+        self.vocab_size = vocab_size
+        # Stored records no tree takes (token ids out of range: written by a version that
+        # committed a peer's entry unchecked), skipped by the last rebuild.
+        self.invalid_records = 0
         self.cache = cache
         self.publish = publish
         self._stop = stop
@@ -78,17 +84,29 @@ class TreeIndex:
             if rec["id"] > last_id or self._stop.is_set():
                 break
             ns, toks = rec["ns"], rec["tokens"]
+            bad = self._invalid(rec)
             with self.lock:
                 # Removed (session closed without keeping responses, corpus document
                 # replaced) after this record was read: do not resurrect it.
                 if rec["id"] in self._removed_during_rebuild:
                     continue
-                if rec["kind"] == "response":
-                    evicted.extend(self.cache.add_response(ns, rec["id"], toks))
-                elif rec["kind"] == "corpus":
-                    self.cache.add_corpus(ns, rec["id"], toks)
-                    if rec.get("doc") is not None:
-                        self.corpus_docs[(ns, rec["id"])] = rec["doc"]
+                try:
+                    if bad:
+                        raise ValueError(bad)
+                    if rec["kind"] == "response":
+                        evicted.extend(self.cache.add_response(ns, rec["id"], toks))
+                    elif rec["kind"] == "corpus":
+                        self.cache.add_corpus(ns, rec["id"], toks)
+                        if rec.get("doc") is not None:
+                            self.corpus_docs[(ns, rec["id"])] = rec["doc"]
+                except (ValueError, TypeError) as exc:
+                    # One bad record must not stop the rebuild (at every restart): it
+                    # stays stored, out of the trees, reported.
+                    self.invalid_records += 1
+                    log.warning("skipped a stored sequence no tree takes",
+                                extra={"seq": rec["id"], "namespace": str(ns)[:80],
+                                       "kind": rec.get("kind"), "error": str(exc)[:200]})
+                    continue
             self.rebuild_tokens += len(toks)
         if evicted:
             self.delete_sequences(evicted)
@@ -99,8 +117,19 @@ class TreeIndex:
         log.info(
             "rebuilt trees from LMDB",
             extra={"tokens": self.rebuild_tokens, "seconds": round(self.rebuild_seconds, 3),
-                   "sessions": count_sessions()},
+                   "sessions": count_sessions(), "invalid_records": self.invalid_records},
         )
+
+    def _invalid(self, rec: dict[str, Any]) -> str | None:
+        """Why a stored record cannot enter a tree (the native tree checks the id range
+        itself; the vocabulary is the daemon's), or None."""
+        toks = rec.get("tokens")
+        if not isinstance(toks, list) or not isinstance(rec.get("ns"), str):
+            return "not a sequence record"
+        hi = self.vocab_size or 2**31
+        if toks and (min(toks) < 0 or max(toks) >= hi):
+            return f"token id out of range [0, {hi})"
+        return None
 
     # ------------------------------------------------------------------ live changes
     def remove(self, ns: str, kind: str, seq_ids: Iterable[int]) -> None:

@@ -6,8 +6,12 @@ namespace's stream after its position and applies the other nodes' entries; each
 entry's data and the new position commit in one transaction, so a node killed at any
 point resumes exactly after what it applied), ``_consume`` (one XREAD's result),
 ``_discover`` (namespaces new to this node, caught up from their snapshot when their
-stream was trimmed past our position) and the appliers ``_apply_evict`` and
-``_add_to_tree``, which the snapshot catch-up (daemon/fleet/snapshot.py) shares.
+stream was trimmed past our position) and the appliers ``_apply_evict``,
+``_add_to_tree`` and ``_drop``, which the snapshot catch-up (daemon/fleet/snapshot.py)
+shares. Every entry is checked whole first (daemon/fleet/entries.py): an invalid one is
+skipped, logged once with its stream id and counted in ``invalid`` ((namespace, reason)
+-> entries), and the position moves past it. Entries are compared with the namespace's
+drop epoch (daemon/fleet/node.py, "Drops") under ``apply_lock``.
 
 It keeps ``pos`` (namespace -> stream id handled), ``seen`` ((namespace, origin) ->
 highest outbox number handled), ``namespaces`` and the counters ``applied`` /
@@ -22,19 +26,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any
 
-from suffixcache.store_layout import unpack_tokens
 from suffixcache.store_records import Txn
 
 from ..common.errors import EngineError
-from . import outbox
+from . import entries, outbox
 from .config import FleetConfig, FleetError, RedisKeys, stream_id
 
 log = logging.getLogger("suffixd.fleet")
 
 _Rep = dict[str, Any]  # an entry's replica record: {ns, id (stream id), src, n}
+_BAD_STREAM_S = 30.0  # a stream key of another type is looked at again after this
 
 
 class FleetConsumer:
@@ -54,6 +58,11 @@ class FleetConsumer:
     namespaces: set[str]
     applied: int
     skipped: int
+    invalid: dict[tuple[str, str], int]
+    _invalid_seen: OrderedDict[tuple[str, str], None]
+    _bad_names: set[bytes]
+    _bad_streams: dict[str, float]
+    apply_lock: threading.RLock
     _apply_lat: deque[float]
 
     # ------------------------------------------------------------------ positions
@@ -64,11 +73,12 @@ class FleetConsumer:
             key = (ns, rep["src"])
             self.seen[key] = max(self.seen.get(key, 0), int(rep["n"]))
 
-    def _skip(self, rep: _Rep) -> None:
+    def _skip(self, rep: _Rep, count: bool = True) -> None:
         # Nothing to apply: the position is written with the next write (or batch end).
         self._handled(rep)
         self._dirty_pos.add(rep["ns"])
-        self.skipped += 1
+        if count:
+            self.skipped += 1
 
     def _flush_positions(self) -> None:
         if not self._dirty_pos:
@@ -129,6 +139,8 @@ class FleetConsumer:
                 log.error("fleet: %s", exc)
                 return
             except self._redis_mod.RedisError as exc:
+                if str(exc).startswith("WRONGTYPE") and self._set_aside_bad_streams():
+                    continue  # one bad key must not stop the other namespaces
                 self._down(exc)
                 self._reload_state()
                 self._stop.wait(backoff)
@@ -141,12 +153,50 @@ class FleetConsumer:
                 self._stop.wait(1.0)
 
     def _discover(self) -> None:
-        found = {m.decode() for m in self.r.smembers(self.keys.namespaces)}
+        found: set[str] = set()
+        for m in self.r.smembers(self.keys.namespaces):
+            try:
+                ns = m.decode()
+                self.engine.validator.check_name("namespace", ns)
+            except (UnicodeDecodeError, EngineError) as exc:
+                # Not a namespace any node would write: never read its stream.
+                if m not in self._bad_names and len(self._bad_names) < 1000:
+                    self._bad_names.add(m)
+                    log.warning("fleet: ignored an invalid namespace name",
+                                extra={"member": repr(m[:80]), "error": str(exc)})
+                continue
+            found.add(ns)
+        now = time.monotonic()
+        found -= {ns for ns, t in self._bad_streams.items() if now - t < _BAD_STREAM_S}
         for ns in found - self.namespaces:
             trim = self.r.hget(self.keys.snapmeta(ns), "trimmed")
             if trim is not None and stream_id(trim) > stream_id(self.pos.get(ns, "0-0")):
                 self._load_snapshot(ns)
         self.namespaces = found
+
+    def _set_aside_bad_streams(self) -> bool:
+        """Some namespace's stream key holds another type (anything can write to Redis):
+        read the others without it for a while, and say so. Whether one was found."""
+        names = sorted(self.namespaces)
+        pipe = self.r.pipeline(transaction=False)
+        for ns in names:
+            pipe.type(self.keys.stream(ns))
+        try:
+            kinds = pipe.execute()
+        except self._redis_mod.RedisError:
+            return False
+        found = False
+        for ns, kind in zip(names, kinds, strict=True):
+            if kind not in (b"stream", b"none", "stream", "none"):
+                if ns not in self._bad_streams:
+                    log.warning("fleet: a namespace's stream key holds another type; not "
+                                "read until it is a stream", extra={
+                                    "namespace": ns, "key": self.keys.stream(ns),
+                                    "type": str(kind)})
+                self._bad_streams[ns] = time.monotonic()
+                self.namespaces.discard(ns)
+                found = True
+        return found
 
     def _consume(self, res: list[Any]) -> None:
         names = [self.keys.ns_of(key) for key, _ in res]
@@ -156,48 +206,91 @@ class FleetConsumer:
         for ns in names:
             pipe.hget(self.keys.snapmeta(ns), "trimmed")
         trims = pipe.execute()
-        for ns, (_key, entries), trim in zip(names, res, trims, strict=True):
-            if trim is not None and stream_id(trim) > stream_id(self.pos.get(ns, "0-0")):
-                self._load_snapshot(ns)
-                continue
-            # Consecutive peers' responses are applied in one transaction (catch-up speed).
-            run: list[tuple[dict[str, Any], _Rep]] = []
-            for sid, fields in entries:
-                if self._stop.is_set():
-                    break
-                parsed = self._parse(ns, sid.decode(), fields)
-                if parsed is None:
+        for ns, (_key, items), trim in zip(names, res, trims, strict=True):
+            # Held while a namespace's entries are checked and applied: a local drop of
+            # it waits, so no entry checked against the old epoch is written after it.
+            with self.apply_lock:
+                if trim is not None and stream_id(trim) > stream_id(self.pos.get(ns, "0-0")):
+                    self._load_snapshot(ns)
                     continue
-                e, rep = parsed
-                if e["op"] == "resp" and rep["src"] != self.src:
-                    run.append((e, rep))
-                    continue
-                self._apply_responses(ns, run)
-                run = []
-                self._apply(ns, e, rep)
-            self._apply_responses(ns, run)
+                self._consume_namespace(ns, items)
         self._flush_positions()
 
+    def _consume_namespace(self, ns: str, items: list[Any]) -> None:
+        ep = outbox.epoch(self.store, ns)
+        # Consecutive peers' responses are applied in one transaction (catch-up speed).
+        run: list[tuple[dict[str, Any], _Rep]] = []
+        for sid, fields in items:
+            if self._stop.is_set():
+                break
+            e, rep = self._parse(ns, sid.decode(), fields)
+            entry_ep = int(e.get("ep") or 0) if e is not None else 0
+            if e is None or entry_ep < ep or (e["op"] == "drop" and entry_ep == ep):
+                # Invalid, a duplicate, written before a drop this node applied, or a
+                # drop it applied: the position moves past it, after the run before it.
+                self._apply_responses(ns, run)
+                run = []
+                self._skip(rep, count="src" in rep)  # invalid ones are counted apart
+                continue
+            if entry_ep > ep:
+                # A drop: this entry's, or one this node never read (trimmed away, or lost
+                # from its publisher's full outbox) that the entry's epoch proves.
+                self._apply_responses(ns, run)
+                run = []
+                self._drop(ns, entry_ep, rep if e["op"] == "drop" else None)
+                ep = entry_ep
+                if e["op"] == "drop":
+                    continue
+            if e["op"] == "resp" and rep["src"] != self.src:
+                run.append((e, rep))
+                continue
+            self._apply_responses(ns, run)
+            run = []
+            self._apply(ns, e, rep)
+        self._apply_responses(ns, run)
+
     def _parse(self, ns: str, sid: str,
-               fields: dict[bytes, bytes]) -> tuple[dict[str, Any], _Rep] | None:
-        """The entry and its replica record, or None when it is skipped (a duplicate,
-        unreadable). Counts it as seen (in memory: a failed apply reloads the state)."""
+               fields: Any) -> tuple[dict[str, Any] | None, _Rep]:
+        """The entry (None when it is skipped: invalid, a duplicate) and its replica
+        record. Counts it as seen (in memory: a failed apply reloads the state)."""
         try:
-            e = outbox.load(fields[b"d"])
-            src, n = str(e["src"]), int(e.get("n") or 0)
-            str(e["op"])
-        except Exception:
-            log.warning("fleet: skipped an unreadable entry", extra={"namespace": ns,
-                                                                     "id": sid})
-            self._skip({"ns": ns, "id": sid})
-            return None
+            e = entries.check(fields, ns, self.engine.validator)
+        except entries.BadEntry as exc:
+            self._invalid(ns, sid, exc.reason, str(exc))
+            return None, {"ns": ns, "id": sid}
+        src, n = str(e["src"]), int(e.get("n") or 0)
         rep = {"ns": ns, "id": sid, "src": src, "n": n}
         if n and n <= self.seen.get((ns, src), 0):
-            self._skip(rep)
-            return None
+            return None, rep
         if n:
             self.seen[(ns, src)] = n
         return e, rep
+
+    def _invalid(self, ns: str, sid: str, reason: str, error: str) -> None:
+        """An entry no node could apply: logged and counted once (a reload after a
+        failed apply reads it again), by namespace and reason."""
+        if (ns, sid) in self._invalid_seen:
+            return
+        self._invalid_seen[(ns, sid)] = None
+        if len(self._invalid_seen) > 4096:
+            self._invalid_seen.popitem(last=False)
+        log.warning("fleet: skipped an invalid entry", extra={
+            "namespace": ns, "id": sid, "reason": reason, "error": error[:200]})
+        if (ns, reason) not in self.invalid and \
+                len({k[0] for k in self.invalid}) >= self.engine.limits.max_namespaces:
+            ns = "(other)"  # a bounded number of label values
+        self.invalid[(ns, reason)] = self.invalid.get((ns, reason), 0) + 1
+
+    def _drop(self, ns: str, ep: int, rep: _Rep | None) -> None:
+        """A peer's drop of ``ns`` (epoch ``ep``), applied as a local drop is; with
+        ``rep`` its position commits with it."""
+        r = self.engine.drop_namespace(ns, replica={**(rep or {}), "ep": ep})
+        if rep:
+            self._handled(rep)
+            self.applied += 1
+        log.info("fleet: namespace dropped by a peer",
+                 extra={"namespace": ns, "epoch": ep, "sessions": r["sessions"],
+                        "sequences": r["sequences"], "documents": r["documents"]})
 
     # ------------------------------------------------------------------ applying
     def _apply(self, ns: str, e: dict[str, Any], rep: _Rep) -> None:
@@ -243,7 +336,7 @@ class FleetConsumer:
                     out.append(None)  # ours, or already here (a re-published copy)
                     continue
                 fresh.add(origin)
-                toks = unpack_tokens(e["tok"])
+                toks = e["toks"]  # checked by entries.check
                 seq = t.add_sequence(ns, "response", toks, meta={"origin": origin})
                 t.fleet_put(rkey, seq)
                 out.append((seq, toks))
@@ -259,7 +352,11 @@ class FleetConsumer:
             if got is None:
                 self.skipped += 1
                 continue
-            self._add_to_tree(ns, *got)
+            try:
+                self._add_to_tree(ns, *got)
+            except Exception:  # stored: the next rebuild judges it again; the rest go on
+                log.exception("fleet: a replicated response did not enter the tree",
+                              extra={"namespace": ns, "id": rep["id"]})
             self.applied += 1
             self._apply_lat.append(max(0.0, now - float(e.get("t", now))))
 
@@ -303,7 +400,7 @@ class FleetConsumer:
             return False
         if e["op"] == "doc":
             self.engine.add_corpus_document(
-                ns, key, [unpack_tokens(s) for s in e["seqs"]], content_hash=e.get("hash"),
+                ns, key, e["toks"], content_hash=e.get("hash"),
                 meta=e.get("meta") or {}, replica=rep)
             return True
         return bool(self.engine.remove_corpus_document(ns, key, replica=rep))

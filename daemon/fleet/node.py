@@ -6,7 +6,8 @@ shared part; this module speaks to it with the ``redis`` client (no protocol of 
 Publishing (transactional outbox). Every ingest that reaches a namespace's global or
 corpus tree calls ``Engine.ingest_hook`` inside its LMDB transaction: a finished response
 ("resp"), a corpus document added or replaced ("doc") or removed ("undoc"), sequences
-evicted by the budget or dropped with a closed session ("evict"). The hook writes the
+evicted by the budget or dropped with a closed session ("evict"), a namespace dropped
+("drop"). The hook writes the
 entry into the ``fleet`` database's outbox in that same transaction, so an entry exists
 exactly when its data committed. A publisher thread XADDs the outbox, in order, to the
 namespace's stream and then deletes what it published. While Redis is away the outbox
@@ -26,6 +27,30 @@ keyed by origin (``src:seq``), documents compared by content digest.
 Documents converge to the last entry of the stream: a node also re-applies its own doc
 entry when a peer's entry for that document was applied after its local write (it skips
 its own entries older than its latest write of that document).
+
+Checking. Redis is shared, so nothing read from it is trusted: every entry (and every
+snapshot item) is checked whole before anything of it is stored (daemon/fleet/entries.py:
+the op's fields, the namespace, token ids inside the vocabulary, the sizes the daemon
+allows its own inputs). An invalid one is skipped, logged once with its stream id and
+counted by namespace and reason (``status()["invalid_entries"]``,
+``suffixd_fleet_invalid_entries_total``); the position moves past it and the valid
+entries around it are applied. A namespace name that is not one (bad UTF-8, too long)
+is never read, and a stream key holding another type is set aside for 30 s at a time,
+so one bad key does not stop the other namespaces.
+
+Drops. ``Engine.drop_namespace`` calls the hook (op "drop") in its transaction: the
+namespace's drop epoch (stored in the ``fleet`` database, 0 until a first drop) goes up
+by one and a "drop" entry carrying it is queued. Every entry is stamped with the epoch of
+the namespace when its data was written, and every snapshot with the epoch of its
+writer. A node applies a drop of a higher epoch as a local drop (without publishing it
+again) in the transaction that records the new epoch and its position; it ignores entries
+and snapshots of a lower epoch (written before a drop it applied: a lagging node's entry
+cannot bring the namespace back); an entry or snapshot of a higher epoch proves a drop
+it never read (trimmed away, or lost from a full outbox), so it drops first. The
+consumer holds ``apply_lock`` while it checks and applies a namespace's entries and a
+local drop takes it too (``Engine.fleet_lock``), so no entry checked against the old
+epoch is written after a drop. Two nodes that drop at once both reach the same epoch:
+one drop.
 
 Trimming and snapshots. A stream longer than ``max_entries`` is trimmed by one node (a
 Redis lock) that is caught up: it first stores a snapshot of the namespace as it holds
@@ -66,7 +91,7 @@ import hashlib
 import logging
 import re
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any
 
 from . import outbox
@@ -118,6 +143,14 @@ class Fleet(FleetPublisher, FleetConsumer, FleetSnapshots, FleetStatusView):
         self.published = 0
         self.applied = 0
         self.skipped = 0
+        self.invalid: dict[tuple[str, str], int] = {}  # (namespace, reason) -> entries
+        self._invalid_seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._bad_names: set[bytes] = set()
+        self._bad_streams: dict[str, float] = {}  # namespace -> when its key was not a stream
+        # The consumer holds it while it applies a namespace's entries; a local drop
+        # (Engine.drop_namespace) takes it too, so the two never interleave.
+        self.apply_lock = threading.RLock()
+        engine.fleet_lock = self.apply_lock
         self.snapshots_loaded = 0
         self.snapshots_written = 0
         self.backlog = outbox.backlog(self.store)

@@ -13,15 +13,19 @@ Keys (NS: the namespace, UTF-8)::
     s NUL NS NUL src       the highest outbox number of origin ``src`` handled
     r NUL NS NUL origin    the local sequence id of a peer's response (``src:seq``)
     w NUL NS NUL key       the outbox number of this node's latest write of a document
+    e NUL NS               the namespace's drop epoch: how many drops it has seen
 
-An entry is a msgpack map: ``op`` ("resp" | "doc" | "undoc" | "evict"), ``ns``, ``src``,
-``n`` (outbox number; 0 for a re-publication), ``t`` and the op's fields.
+An entry is a msgpack map: ``op`` ("resp" | "doc" | "undoc" | "evict" | "drop"), ``ns``,
+``src``, ``n`` (outbox number; 0 for a re-publication), ``t``, ``ep`` (the namespace's
+drop epoch when the entry was written; absent from older nodes' entries: 0) and the op's
+fields (daemon/fleet/entries.py checks them).
 
 Interface: ``dump`` / ``load`` (entries); ``incarnation``; the outbox (``enqueue``,
 ``pending``, ``outbox_number``, ``mark_published``, ``backlog``, ``overflowed``,
 ``clear_overflow``); positions (``read_positions``, ``read_seen``, ``put_position``,
 ``put_seen``, ``mark_applied``); the origin index (``origin_key``, ``replicated``) and
-documents (``doc_write_key``, ``doc_packed``, ``digest``, ``local_digest``).
+documents (``doc_write_key``, ``doc_packed``, ``digest``, ``local_digest``); drops
+(``epoch``, ``txn_epoch``, ``dropped``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ _OVERFLOW = b"x:overflow"  # namespaces whose outbox dropped entries
 _POS = b"p\x00"
 _SEEN = b"s\x00"
 _ORIGIN = b"r\x00"
+_DOC_WRITE = b"w\x00"
+_EPOCH = b"e\x00"
 
 
 def dump(obj: Any) -> bytes:
@@ -73,7 +79,9 @@ def enqueue(t: Txn, ns: str, entry: dict[str, Any], src: str, max_backlog: int) 
     ``max_backlog`` entries the oldest is dropped and its namespace marked."""
     n = int(t.fleet_get(_N_OUT) or 1)
     first = int(t.fleet_get(_N_PUB) or 1)
-    entry.update(ns=ns, src=src, n=n, t=time.time())
+    # Stamped with the epoch the data was written in: after a drop, an entry from before
+    # it (published late by a lagging node) is recognised and ignored.
+    entry.update(ns=ns, src=src, n=n, t=time.time(), ep=txn_epoch(t, ns))
     t.fleet_put(_N_OUT, n + 1)
     t.fleet_put(OUTBOX + n.to_bytes(8, "big"), entry)
     if n - first + 1 > max_backlog:
@@ -161,7 +169,7 @@ def replicated(store: Any, ns: str) -> dict[str, int]:
 
 
 def doc_write_key(ns: str, key: str) -> bytes:
-    return b"w\x00" + _b(ns) + b"\x00" + key.encode()
+    return _DOC_WRITE + _b(ns) + b"\x00" + key.encode()
 
 
 def digest(packed: list[bytes]) -> str:
@@ -185,3 +193,21 @@ def doc_packed(store: Any, doc: dict[str, Any]) -> list[bytes]:
 def local_digest(store: Any, ns: str, key: str) -> str | None:
     doc = store.get_doc(ns, key)
     return None if doc is None else digest(doc_packed(store, doc))
+
+
+# ------------------------------------------------------------------ drops
+def epoch(store: Any, ns: str) -> int:
+    """How many drops of ``ns`` this node has applied (its own and its peers')."""
+    return int(store.fleet_get(_EPOCH + _b(ns)) or 0)
+
+
+def txn_epoch(t: Txn, ns: str) -> int:
+    return int(t.fleet_get(_EPOCH + _b(ns)) or 0)
+
+
+def dropped(t: Txn, ns: str, ep: int) -> None:
+    """``ns`` was dropped (in ``t``, the drop's transaction): its epoch is now ``ep``, and
+    the fleet's index of its data (peers' origins, document writes) goes with the data."""
+    t.fleet_put(_EPOCH + _b(ns), ep)
+    for prefix in (_ORIGIN, _DOC_WRITE):
+        t.fleet_delete_prefix(prefix + _b(ns) + b"\x00")

@@ -3,7 +3,8 @@
 ``FleetPublisher`` is one of the rooms of ``Fleet`` (daemon/fleet/node.py), a mixin over the
 node's shared state. It provides ``_hook`` (``Engine.ingest_hook``: runs inside the
 ingest's LMDB transaction and writes the outbox entry there, so an entry exists exactly
-when its data committed) and ``_publish_loop`` (the publisher thread: XADDs the outbox
+when its data committed; a namespace drop also records its new drop epoch there) and
+``_publish_loop`` (the publisher thread: XADDs the outbox
 in order to the namespaces' streams, then deletes what it published; after an overflow
 it re-publishes the node's own responses and documents of the namespaces concerned).
 
@@ -45,6 +46,16 @@ class FleetPublisher:
 
     def _hook(self, t: Txn, op: str, ns: str, replica: Any = None, **f: Any) -> None:
         """Engine.ingest_hook: runs inside the ingest's LMDB transaction."""
+        if op == "drop":
+            # The namespace's data went in this transaction: so do the fleet's index of it,
+            # and its epoch moves on (a peer's drop brings its own, ours the next one).
+            ep = int(replica["ep"]) if replica is not None else outbox.txn_epoch(t, ns) + 1
+            outbox.dropped(t, ns, ep)
+            if replica is None:
+                self._enqueue(t, ns, {"op": "drop"})  # stamped with the new epoch
+            elif replica.get("id"):
+                outbox.mark_applied(t, replica)
+            return
         if replica is not None:
             # A peer's entry being applied: record the position, publish nothing.
             if replica:
@@ -134,9 +145,11 @@ class FleetPublisher:
         pipe = self.r.pipeline(transaction=False)
         count = 0
 
+        epochs = {ns: outbox.epoch(self.store, ns) for ns in want}
+
         def entry(ns: str, body: dict[str, Any]) -> None:
             nonlocal pipe, count
-            body.update(ns=ns, src=self.src, n=0, t=time.time())
+            body.update(ns=ns, src=self.src, n=0, t=time.time(), ep=epochs[ns])
             pipe.xadd(self.keys.stream(ns), {"d": outbox.dump(body)})
             count += 1
             if count % 512 == 0:

@@ -10,25 +10,29 @@ meanwhile.
   and trim the stream to the entries from P on (XTRIM MINID), atomically.
 * ``_load_snapshot(ns)``: for a node whose position is below ``trimmed``: add the
   responses it lacks, drop replicated ones absent from the snapshot, apply documents
-  whose content differs, then set its position to P.
+  whose content differs, then set its position to P. Every item is checked first
+  (daemon/fleet/entries.py; invalid ones are skipped and counted). The snapshot carries
+  the namespace's drop epoch: one older than this node's is skipped whole (a drop
+  applied here is not undone), a newer one is a drop this node missed (applied first).
 
 It uses from ``Fleet``: ``engine``, ``store``, ``src``, ``r``, ``keys``, ``_redis_mod``,
 ``pos``, the counters ``snapshots_loaded`` / ``snapshots_written``, and the appliers
-``_add_to_tree`` and ``_apply_evict`` (daemon/fleet/consume.py).
+``_add_to_tree``, ``_apply_evict`` and ``_drop`` (daemon/fleet/consume.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from suffixcache.store_layout import pack_tokens, unpack_tokens
+from suffixcache.store_layout import pack_tokens
 from suffixcache.store_records import Txn
 
-from . import outbox
+from . import entries, outbox
 from .config import RedisKeys
 
 log = logging.getLogger("suffixd.fleet")
@@ -43,10 +47,16 @@ class FleetSnapshots:
     keys: RedisKeys
     _redis_mod: Any
     pos: dict[str, str]
+    invalid: dict[tuple[str, str], int]
+    apply_lock: threading.RLock
     snapshots_loaded: int
     snapshots_written: int
 
     def _load_snapshot(self, ns: str) -> None:
+        with self.apply_lock:
+            self._load_snapshot_locked(ns)
+
+    def _load_snapshot_locked(self, ns: str) -> None:
         pipe = self.r.pipeline(transaction=True)
         pipe.hgetall(self.keys.snapmeta(ns))
         pipe.lrange(self.keys.snap(ns), 0, -1)
@@ -55,21 +65,55 @@ class FleetSnapshots:
             raise self._redis_mod.RedisError(f"the stream of namespace {ns!r} was trimmed "
                                              "but its snapshot is missing")
         pos = meta[b"pos"].decode()
+        try:
+            snap_ep = int(meta.get(b"ep", b"0"))
+        except ValueError:
+            snap_ep = 0
+        ep = outbox.epoch(self.store, ns)
+        if snap_ep < ep:
+            # Written before a drop this node applied: nothing of it may come back.
+            self._snapshot_position(ns, pos)
+            log.info("fleet: skipped a snapshot older than a drop",
+                     extra={"namespace": ns, "pos": pos, "epoch": ep, "snapshot_epoch": snap_ep})
+            return
+        if snap_ep > ep:  # a drop this node never read: the snapshot is after it
+            self._drop(ns, snap_ep, None)
         have = outbox.replicated(self.store, ns)
         in_snap: set[str] = set()
         adds: list[tuple[str, list[int]]] = []
-        docs: list[tuple[str, list[bytes], Any, Any]] = []
+        docs: list[list[Any]] = []
+        invalid = 0
         for chunk in chunks:
-            for item in outbox.load(chunk):
+            try:
+                items = outbox.load(chunk)
+                if not isinstance(items, list):
+                    raise entries.BadEntry("unreadable", "a snapshot chunk is not a list")
+            except Exception as exc:
+                invalid += 1
+                log.warning("fleet: skipped an unreadable snapshot chunk",
+                            extra={"namespace": ns, "error": str(exc)[:200]})
+                continue
+            for raw in items:
+                try:
+                    item = entries.check_snapshot_item(raw, ns, self.engine.validator)
+                except entries.BadEntry as exc:
+                    invalid += 1
+                    if invalid <= 10:
+                        log.warning("fleet: skipped an invalid snapshot item",
+                                    extra={"namespace": ns, "reason": exc.reason,
+                                           "error": str(exc)[:200]})
+                    continue
                 if item[0] == "r":
                     origin = str(item[1])
                     if origin.startswith(self.src + ":"):
                         continue
                     in_snap.add(origin)
                     if origin not in have:
-                        adds.append((origin, unpack_tokens(item[2])))
-                elif item[0] == "d":
-                    docs.append((str(item[1]), list(item[2]), item[3], item[4]))
+                        adds.append((origin, item[2]))
+                else:
+                    docs.append(item)
+        if invalid:
+            self.invalid[(ns, "snapshot")] = self.invalid.get((ns, "snapshot"), 0) + invalid
         for i in range(0, len(adds), 256):
             batch = adds[i:i + 256]
 
@@ -86,17 +130,20 @@ class FleetSnapshots:
         stale = [o for o in have if o not in in_snap]
         if stale:
             self._apply_evict(ns, {"o": stale}, None)
-        for key, packed, chash, meta_d in docs:
+        for _d, key, seqs, chash, meta_d in docs:
+            packed = [pack_tokens(s) for s in seqs]
             if outbox.digest(packed) != outbox.local_digest(self.store, ns, key):
-                self.engine.add_corpus_document(ns, key, [unpack_tokens(s) for s in packed],
-                                                content_hash=chash, meta=meta_d or {},
-                                                replica={})
-        self.store.write(lambda t: outbox.put_position(t, ns, pos))
-        self.pos[ns] = pos
+                self.engine.add_corpus_document(ns, key, seqs, content_hash=chash,
+                                                meta=meta_d or {}, replica={})
+        self._snapshot_position(ns, pos)
         self.snapshots_loaded += 1
         log.info("fleet: caught up from a snapshot",
                  extra={"namespace": ns, "pos": pos, "responses": len(adds),
-                        "documents": len(docs), "dropped": len(stale)})
+                        "documents": len(docs), "dropped": len(stale), "invalid": invalid})
+
+    def _snapshot_position(self, ns: str, pos: str) -> None:
+        self.store.write(lambda t: outbox.put_position(t, ns, pos))
+        self.pos[ns] = pos
 
     def _snapshot_items(self, ns: str) -> Iterator[list[Any]]:
         for rec in self.store.iter_sequences():
@@ -113,6 +160,8 @@ class FleetSnapshots:
         lock = self.keys.lock(ns)
         if not self.r.set(lock, self.src, nx=True, ex=120):
             return
+        # The snapshot is of one epoch: no local drop while it is read from the store.
+        self.apply_lock.acquire()
         try:
             pos = self.pos.get(ns)
             if pos is None:
@@ -139,13 +188,15 @@ class FleetSnapshots:
             else:
                 tx.delete(self.keys.snap(ns))
             tx.hset(self.keys.snapmeta(ns), mapping={
-                "pos": pos, "trimmed": pos, "node": self.src, "t": time.time(), "items": n})
+                "pos": pos, "trimmed": pos, "node": self.src, "t": time.time(), "items": n,
+                "ep": outbox.epoch(self.store, ns)})
             tx.xtrim(self.keys.stream(ns), minid=pos, approximate=False)
             tx.execute()
             self.snapshots_written += 1
             log.info("fleet: snapshot written, stream trimmed",
                      extra={"namespace": ns, "pos": pos, "items": n})
         finally:
+            self.apply_lock.release()
             with contextlib.suppress(self._redis_mod.RedisError):
                 if self.r.get(lock) == self.src.encode():
                     self.r.delete(lock)

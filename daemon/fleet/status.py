@@ -45,6 +45,7 @@ class FleetStatusView:
     published: int
     applied: int
     skipped: int
+    invalid: dict[tuple[str, str], int]
     snapshots_loaded: int
     snapshots_written: int
     backlog: int
@@ -89,6 +90,10 @@ class FleetStatusView:
         with contextlib.suppress(Exception):  # the store may be closing
             self.backlog = outbox.backlog(self.store)
 
+        invalid: dict[str, dict[str, int]] = {}
+        for (ns, reason), n in list(self.invalid.items()):
+            invalid.setdefault(ns, {})[reason] = n
+
         def q(p: float) -> float:
             return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 3) if lat else 0.0
 
@@ -103,6 +108,9 @@ class FleetStatusView:
             "published": self.published,
             "applied": self.applied,
             "skipped": self.skipped,
+            # Peer entries refused whole (daemon/fleet/entries.py): ns -> reason -> count.
+            "invalid": sum(self.invalid.values()),
+            "invalid_entries": invalid,
             "snapshots_loaded": self.snapshots_loaded,
             "snapshots_written": self.snapshots_written,
             "lag_entries": sum(v["lag_entries"] for v in self.lag.values()),
@@ -118,7 +126,7 @@ class FleetStatusView:
         return {"node": self.local_status(), "nodes": self.nodes}
 
     def collector(self) -> Any:
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         fleet = self
 
@@ -142,5 +150,13 @@ class FleetStatusView:
                 for name in ("published", "applied", "skipped"):
                     yield g(f"suffixd_fleet_{name}", f"Entries {name} since start.",
                             value=st[name])
+                bad = CounterMetricFamily(
+                    "suffixd_fleet_invalid_entries",
+                    "Peer entries (and snapshot items) refused as invalid and skipped, "
+                    "since start.", labels=["namespace", "reason"])
+                for ns, reasons in st["invalid_entries"].items():
+                    for reason, n in reasons.items():
+                        bad.add_metric([ns, reason], n)
+                yield bad
 
         return _FleetCollector()
