@@ -327,3 +327,7 @@ bench.add_command(http_bench)
 from .bench_tools import tools_bench  # noqa: E402  (suffixd bench tools)
 
 bench.add_command(tools_bench)
+
+from .bench_prefix import prefix_bench  # noqa: E402  (suffixd bench prefix)
+
+bench.add_command(prefix_bench)

@@ -29,7 +29,8 @@ from .bench_generate import load_session_turns
 
 
 def _start_daemon(data_dir: Path, model: str | None, threads: int,
-                  ctx_size: int, kv_slots: int | None = None) -> tuple[Any, str, str]:
+                  ctx_size: int, kv_slots: int | None = None,
+                  extra_args: list[str] | None = None) -> tuple[Any, str, str]:
     """``serve --http`` on a free loopback port (``kv_slots``: its ``--kv-slots``, or its
     default); (the process, the gRPC target, the OpenAI base URL) once announced."""
     args = [sys.executable, "-m", "suffixd.cli.main", "serve", "--data-dir", str(data_dir),
@@ -39,6 +40,8 @@ def _start_daemon(data_dir: Path, model: str | None, threads: int,
         args += ["--kv-slots", str(kv_slots)]
     if model:
         args += ["--model", model]
+    args += extra_args or []
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
     log = open(data_dir.parent / "daemon.log", "wb")  # noqa: SIM115 - lives with the daemon
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     announce = data_dir / "daemon.json"

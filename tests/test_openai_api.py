@@ -102,6 +102,25 @@ def test_completions_with_stop_strings(http_daemon: Any) -> None:
     assert streamed == cut.choices[0].text
 
 
+def test_a_one_off_completion_again_is_drafted_from_the_first(http_daemon: Any) -> None:
+    """A text completion without a session learns: its response enters the namespace's
+    global tree, and the same request again is drafted from it (and starts from the
+    first one's prompt checkpoint)."""
+    prompt = ("-- schema: singer(singer_id, name, country, song_name, song_release_year, age,\n"
+              "--   is_male), concert(concert_id, concert_name, theme, stadium_id, year),\n"
+              "--   singer_in_concert(concert_id, singer_id)\n"
+              "-- the singers of every country, oldest first, with their concerts\n"
+              "SELECT singer.name, singer.country, singer.age, concert.concert_name FROM")
+    replies = [http_daemon.oai.completions.create(
+        model="default", prompt=prompt, max_tokens=32, temperature=0,
+        extra_headers=ns_headers("one-off")) for _ in range(2)]
+    first, second = (r.model_extra["suffixd"] for r in replies)
+    assert second["accepted"] >= first["accepted"] + 12, (first, second)
+    assert replies[1].usage.prompt_tokens_details.cached_tokens \
+        == replies[1].usage.prompt_tokens - 1
+    assert not http_daemon.list_sessions("one-off")  # their own sessions, closed
+
+
 def test_sampling_is_seeded(http_daemon: Any) -> None:
     msgs = [{"role": "user", "content": "Write a SQL query about singers."}]
     kw: dict[str, Any] = dict(model="default", messages=msgs, max_tokens=12, temperature=0.9,

@@ -1,0 +1,146 @@
+"""`suffixd bench prefix WORKLOAD`: new conversations that share a system prompt, one after
+another, through the OpenAI endpoint, side by side with llama-server.
+
+Each session's first turn (its system prompt and first user message, as an agent starts
+a task) is sent as a new conversation: to suffixd through ``/v1/chat/completions``
+without a session header (the daemon opens an automatic session, on a slot that holds
+nothing of it); to llama-server as the very prompt tokens the daemon renders on
+``/completion`` (``cache_prompt``; its host-memory prompt cache ``--cache-ram`` and
+context checkpoints at their defaults), with one slot and with ``-np 4``. ``max_tokens``
+is 1, so a request's wall time is its time to first token. Reported per system: prompt
+tokens, the tokens it evaluated (suffixd: prompt - ``cached_tokens``; llama-server:
+``timings.prompt_n``), time to first token mean and p95, and the total.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .bench_concurrency import _stop, first_turns
+from .bench_generate import load_session_turns, p95
+
+
+def _row(prompts: list[int], evaluated: list[int], ttft: list[float]) -> dict[str, Any]:
+    return {"requests": len(prompts), "prompt_tokens": sum(prompts),
+            "evaluated_tokens": sum(evaluated),
+            "evaluated_after_first": sum(evaluated[1:]),
+            "ttft_mean_s": sum(ttft) / len(ttft), "ttft_p95_s": p95(ttft),
+            "ttft_after_first_mean_s": sum(ttft[1:]) / max(1, len(ttft) - 1),
+            "total_s": sum(ttft)}
+
+
+def run_prefix(workload: Path, sessions: int, model: str | None, model_path: Path,
+               n_ctx: int, threads: int, llama_server: str | None,
+               prompt_cache_mb: int | None) -> dict[str, Any]:
+    import openai
+
+    from ..client import Client
+    from ..daemon.generation.chat import ChatRenderer
+    from ..daemon.generation.verifier import Verifier
+    from .bench_http import _start_daemon
+    from .llama_server import LlamaServer
+
+    todo = first_turns(load_session_turns(workload, sessions), 1)
+    if not todo:
+        raise click.ClickException(f"{workload}: no assistant turns")
+    renderer_v = Verifier(model_path, n_ctx=256, n_slots=1, n_threads=1)
+    try:
+        n_ctx = min(n_ctx or renderer_v.n_ctx_train, renderer_v.n_ctx_train)
+        renderer = ChatRenderer(renderer_v)
+        turns = [(s, m, renderer.tokens(m)) for s, m in todo]
+    finally:
+        renderer_v.close()
+    turns = [t for t in turns if len(t[2]) + 64 <= n_ctx]
+    results: dict[str, dict[str, Any]] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="suffixd-bench-prefix-"))
+    try:
+        extra = [] if prompt_cache_mb is None else ["--prompt-cache-mb", str(prompt_cache_mb)]
+        proc, target, base_url = _start_daemon(tmp / "data", model, threads, n_ctx,
+                                               extra_args=extra)
+        try:
+            client = Client(target)
+            client.wait_ready()
+            while not client.generator_status().get("loaded"):
+                if proc.poll() is not None:
+                    raise click.ClickException(f"the daemon exited ({proc.returncode})")
+                time.sleep(0.5)
+            client.close()
+            oai = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=1800)
+            prompts, evaluated, ttft = [], [], []
+            for _, msgs, _ in turns:
+                t0 = time.perf_counter()
+                r = oai.chat.completions.create(
+                    model="default", messages=msgs, temperature=0, max_tokens=1,
+                    extra_headers={"X-Suffixd-Namespace": "bench-prefix"})
+                ttft.append(time.perf_counter() - t0)
+                assert r.usage is not None
+                details = r.usage.prompt_tokens_details
+                cached = details.cached_tokens if details and details.cached_tokens else 0
+                prompts.append(r.usage.prompt_tokens)
+                evaluated.append(r.usage.prompt_tokens - cached)
+            results["suffixd"] = _row(prompts, evaluated, ttft)
+        finally:
+            _stop(proc)
+        if llama_server:
+            for n_parallel in (1, 4):
+                name = f"llama-server -np {n_parallel}"
+                srv = LlamaServer(llama_server, model_path, threads=threads, n_ctx=n_ctx,
+                                  n_parallel=n_parallel, log_path=tmp / f"ls{n_parallel}.log")
+                try:
+                    srv.wait_ready()
+                    prompts, evaluated, ttft = [], [], []
+                    for _, _, toks in turns:
+                        turn = srv.complete(toks, 1)
+                        prompts.append(len(toks))
+                        evaluated.append(turn.prompt_n)
+                        ttft.append(turn.wall_s)
+                    results[name] = _row(prompts, evaluated, ttft)
+                finally:
+                    srv.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"workload": str(workload), "conversations": len(turns), "n_ctx": n_ctx,
+            "threads": threads, "results": results}
+
+
+@click.command("prefix")
+@click.argument("workload", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--sessions", default=8, show_default=True,
+              help="Sessions whose first turn is sent, one after another.")
+@click.option("--model", default=None, help="GGUF path or packaged name (default: embedded).")
+@click.option("--ctx-size", "n_ctx", default=8192, show_default=True)
+@click.option("--threads", default=2, show_default=True)
+@click.option("--llama-server", "llama_server", default=None, metavar="PATH",
+              help="A llama-server binary to compare with (one slot and -np 4).")
+@click.option("--prompt-cache-mb", type=int, default=None,
+              help="suffixd's --prompt-cache-mb (0: the daemon without prompt reuse).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def prefix_bench(workload: Path, sessions: int, model: str | None, n_ctx: int, threads: int,
+                 llama_server: str | None, prompt_cache_mb: int | None,
+                 as_json: bool) -> None:
+    """New conversations sharing a system prompt: tokens evaluated, time to first token."""
+    import json
+
+    from ..daemon.model import resolve_model_path
+
+    model_path = resolve_model_path(model)
+    out = run_prefix(workload, sessions, model, model_path, n_ctx, threads, llama_server,
+                     prompt_cache_mb)
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    click.echo(f"{Path(out['workload']).name}: {out['conversations']} new conversations, "
+               f"{out['threads']} threads")
+    click.echo(f"{'system':<20} {'prompt tok':>10} {'evaluated':>10} {'eval 2..':>9} "
+               f"{'ttft s':>8} {'p95 s':>7} {'ttft 2.. s':>10} {'total s':>8}")
+    for name, r in out["results"].items():
+        click.echo(f"{name:<20} {r['prompt_tokens']:>10} {r['evaluated_tokens']:>10} "
+                   f"{r['evaluated_after_first']:>9} {r['ttft_mean_s']:>8.2f} "
+                   f"{r['ttft_p95_s']:>7.2f} {r['ttft_after_first_mean_s']:>10.2f} "
+                   f"{r['total_s']:>8.2f}")
