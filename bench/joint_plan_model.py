@@ -64,11 +64,12 @@ MAX_SPEC = 32  # drafts capped at 32, as in `suffixd bench replay`
 # step costs": ~18 ms per decode + ~7 ms per row, gemma-3-270m, Intel Xeon 2-core VM),
 # i.e. 1 + 0.28 (k - 1). mid: a row costs 1/32 of a lone step (a many-core CPU, or a GPU
 # past its flat region). flat64: the same cost up to 64 rows (a GPU reads the weights
-# once), then linear (128 rows cost 2).
+# once), then linear (128 rows cost 2); flat128 the same up to 128 rows (256 cost 2).
 PROFILES: dict[str, dict[str, float]] = {
     "cpu2": {"1": 1.0, "2": 1.28},
     "mid": {"1": 1.0, "33": 2.0},
     "flat64": {"1": 1.0, "64": 1.0, "128": 2.0},
+    "flat128": {"1": 1.0, "128": 1.0, "256": 2.0},
 }
 
 
@@ -342,6 +343,29 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def plan_timing(ns: Sequence[int], draft: int = MAX_SPEC, repeat: int = 21) -> dict[int, float]:
+    """Median µs of one ``plan_step`` of N decoding sequences (consecutive ids), each
+    offering ``draft`` candidates (cumulative estimates 0.97^j, a different ratio per
+    sequence), on the flat64 profile: the planner's own cost on bigger batches."""
+    import time
+
+    most = max(ns) * (draft + 1)
+    table = CostProfile.from_mapping(PROFILES["flat64"]).table(most)
+    out: dict[int, float] = {}
+    for n in ns:
+        times = []
+        for _ in range(repeat):
+            reqs = [StepRows(i, [1] * (draft + 1), 0, room=most,
+                             probs=[(0.97 - 0.002 * i) ** (j + 1) for j in range(draft)],
+                             want=draft // 2)
+                    for i in range(n)]
+            t0 = time.perf_counter()
+            plan_step(reqs, most, table.__getitem__, 5.0)
+            times.append(time.perf_counter() - t0)
+        out[n] = round(sorted(times)[len(times) // 2] * 1e6, 1)
+    return out
+
+
 def _per_workload(ap: argparse.ArgumentParser, text: str, n: int,
                   option: str) -> list[int | None]:
     """A cap per workload from "V" or "V1,V2,..." (0 or nothing: no cap)."""
@@ -372,7 +396,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile", action="append", default=None, metavar="NAME=JSON",
                     help="a cost profile (default: " + ", ".join(PROFILES) + ")")
     ap.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    ap.add_argument("--plan-timing", action="store_true",
+                    help="only time plan_step for 8-64 sequences of 32 candidates")
     args = ap.parse_args(argv)
+    if args.plan_timing:
+        print(json.dumps({"plan_step_us": plan_timing([1, 2, 4, 8, 16, 32, 64])}))
+        return
     profiles: dict[str, CostProfile] = {}
     for spec in args.profile or [f"{k}={json.dumps(v)}" for k, v in PROFILES.items()]:
         name, _, text = spec.partition("=")
