@@ -1,7 +1,7 @@
 """Joint versus per-sequence draft lengths for N agents at once: a cost model, no model runs.
 
     python bench/joint_plan_model.py [WORKLOAD.jsonl ...] [--n 1,2,4,8] [--sessions S[,S]]
-        [--turns T[,T]] [--profile NAME[=JSON] ...] [--json]
+        [--turns T[,T]] [--profile NAME[=JSON] ...] [--no-padding] [--json]
 
 The replay protocol of `suffixd bench replay` (../shared/data/README.md), with N sessions
 in lockstep: N lanes take the workload's sessions from one queue in file order (a lane
@@ -191,8 +191,12 @@ def simulate(
     turns: int | None = None,
     max_spec: int = MAX_SPEC,
     record: bool = False,
+    padding: bool = True,
 ) -> Totals:
-    """N lanes in lockstep over ``sessions``; ``source`` drafts (None: plain decoding)."""
+    """N lanes in lockstep over ``sessions``; ``source`` drafts (None: plain decoding).
+    ``padding``: lanes on consecutive sequence ids, padded as llama.cpp's split_equal
+    needs with a KV stream per sequence; False: ids two apart, so the plan pads nothing
+    (a unified KV cache, where any mix of rows is one ubatch)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}")
     if policy != "plain" and source is None:
@@ -200,7 +204,7 @@ def simulate(
     plain = policy == "plain"
     src: DraftSource = source if source is not None else _NoSource()
     queue = _Sessions(sessions, turns)
-    lanes = [_Lane(i) for i in range(n)]
+    lanes = [_Lane(i if padding else 2 * i) for i in range(n)]
     for lane in lanes:
         _advance(lane, queue, src)
     tot = Totals()
@@ -299,21 +303,23 @@ def run_grid(
     ns: Sequence[int],
     profiles: dict[str, CostProfile],
     *,
+    padding: bool = True,
     log: Callable[[str], None] = lambda s: None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for wname, (sessions, turns) in workloads.items():
         for n in ns:
             for pname, profile in profiles.items():
-                row: dict[str, Any] = {"workload": wname, "n": n, "profile": pname}
+                label = pname if padding else f"{pname}, no padding"
+                row: dict[str, Any] = {"workload": wname, "n": n, "profile": label}
                 table = profile.table(N_BATCH)  # a step never holds more rows
                 for policy in POLICIES:
                     source = None if policy == "plain" else SuffixSource(
                         profile, DraftConfig(max_tokens=MAX_SPEC))
                     tot = simulate(sessions, n, source, table.__getitem__, policy,
-                                   turns=turns)
+                                   turns=turns, padding=padding)
                     row[policy] = tot.figures()
-                    log(f"{wname} N={n} {pname} {policy}: {row[policy]}")
+                    log(f"{wname} N={n} {label} {policy}: {row[policy]}")
                 per, joint, plain = (row[p]["cost_per_token"] for p in POLICIES)
                 row["joint_vs_per_seq"] = round(per / joint, 4)
                 row["joint_vs_plain"] = round(plain / joint, 4)
@@ -395,6 +401,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="only the first T assistant turns of each session (as --sessions)")
     ap.add_argument("--profile", action="append", default=None, metavar="NAME=JSON",
                     help="a cost profile (default: " + ", ".join(PROFILES) + ")")
+    ap.add_argument("--no-padding", action="store_true",
+                    help="sequences never padded (a unified KV cache; default: padded to the"
+                         " longest of consecutive ids, as with a KV stream per sequence)")
     ap.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     ap.add_argument("--plan-timing", action="store_true",
                     help="only time plan_step for 8-64 sequences of 32 candidates")
@@ -416,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
                      "../shared/data/workloads)")
         workloads[path.stem] = (tokenized_workload(path, None, s_cap), t_cap)
     ns = [int(x) for x in args.n.split(",") if x]
-    rows = run_grid(workloads, ns, profiles,
+    rows = run_grid(workloads, ns, profiles, padding=not args.no_padding,
                     log=lambda s: print(s, file=sys.stderr, flush=True))
     if args.json:
         for r in rows:

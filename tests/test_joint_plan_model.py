@@ -126,7 +126,8 @@ class _Fake:
 
     def propose(self, key: str, context: list[int], max_tokens: int) -> Draft:
         truth = self._truth(key, len(context))
-        toks = truth[:4] if self.truth else [999] * 4
+        # a wrong draft's length differs from session to session (s0: 2, s1: 3, ...)
+        toks = truth[:4] if self.truth else [999] * (2 + int(key.rsplit("s", 1)[1]))
         probs = [self.prob] * len(toks)
         d = Draft(toks, list(range(-1, len(toks) - 1)), probs, ["session"] * len(toks),
                   1, sum(probs), key=("ns", key))
@@ -171,3 +172,14 @@ def test_plain_is_one_row_per_sequence() -> None:
     tot = jpm.simulate(sessions, 3, None, linear, "plain")
     assert tot.tokens == tot.rows == tot.sequences == out
     assert tot.padding == 0 and tot.accepted == 0
+
+
+@pytest.mark.parametrize("policy", ["per-seq", "joint"])
+def test_no_padding_pads_nothing(policy: str) -> None:
+    sessions = _sessions()
+    padded = jpm.simulate(sessions, 3, _Fake(sessions, truth=False, prob=0.99), linear,
+                          policy)
+    tot = jpm.simulate(sessions, 3, _Fake(sessions, truth=False, prob=0.99), linear, policy,
+                       padding=False)
+    assert tot.padding == 0 and tot.rows == tot.sequences + tot.drafted
+    assert padded.padding > 0  # the drafts' lengths differ from session to session
