@@ -333,18 +333,20 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
         return " / ".join(format(row[p][key], fmt) for p in POLICIES)
 
     out = [
-        "| workload | N | profile | tokens/step (per-seq / joint / plain) "
-        "| rows/step (padding) per-seq / joint | cost/token per-seq / joint / plain "
+        "| workload | N | profile | sequences/step (per-seq / joint / plain) "
+        "| tokens/step (per-seq / joint / plain) | rows/step (padding) per-seq / joint "
+        "| cost/token per-seq / joint / plain "
         "| **joint vs per-seq** | joint vs plain | per-seq vs plain |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         pr = " / ".join(f"{r[p]['rows_per_step']:.2f} ({r[p]['padding_per_step']:.2f})"
                         for p in ("per-seq", "joint"))
         out.append(
-            f"| {r['workload']} | {r['n']} | {r['profile']} | {three(r, 'tokens_per_step', '.2f')}"
-            f" | {pr} | {three(r, 'cost_per_token', '.3f')} | **{r['joint_vs_per_seq']:.3f}x**"
-            f" | {r['joint_vs_plain']:.3f}x | {r['per_seq_vs_plain']:.3f}x |"
+            f"| {r['workload']} | {r['n']} | {r['profile']} | {three(r, 'seqs_per_step', '.2f')}"
+            f" | {three(r, 'tokens_per_step', '.2f')} | {pr} | {three(r, 'cost_per_token', '.3f')}"
+            f" | **{r['joint_vs_per_seq']:.3f}x** | {r['joint_vs_plain']:.3f}x"
+            f" | {r['per_seq_vs_plain']:.3f}x |"
         )
     return "\n".join(out)
 
