@@ -394,21 +394,23 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workloads", type=Path, nargs="*", default=[
         Path("../shared/data/workloads/spider_dev.jsonl"),
-        Path("../shared/data/workloads/swe_django.jsonl")])
+        Path("../shared/data/workloads/swe_django.jsonl")],
+        help="session-shaped JSONL (default: spider_dev and swe_django)")
     ap.add_argument("--n", default="1,2,4,8", help="sessions at once (comma-separated)")
     ap.add_argument("--sessions", default="", metavar="S[,S...]",
                     help="only the first S sessions (one value per workload, or one for all;"
                          " 0: all)")
     ap.add_argument("--turns", default="", metavar="T[,T...]",
                     help="only the first T assistant turns of each session (as --sessions)")
-    ap.add_argument("--profile", action="append", default=None, metavar="NAME=JSON",
-                    help="a cost profile (default: " + ", ".join(PROFILES) + ")")
+    ap.add_argument("--profile", action="append", default=None, metavar="NAME[=JSON]",
+                    help="a cost profile: a built-in name or NAME={\"1\": 1, \"64\": 1.5}"
+                         " (default: every built-in one: " + ", ".join(PROFILES) + ")")
     ap.add_argument("--no-padding", action="store_true",
                     help="sequences never padded (a unified KV cache; default: padded to the"
                          " longest of consecutive ids, as with a KV stream per sequence)")
     ap.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     ap.add_argument("--plan-timing", action="store_true",
-                    help="only time plan_step for 8-64 sequences of 32 candidates")
+                    help="only time plan_step for 1-64 sequences of 32 candidates")
     args = ap.parse_args(argv)
     if args.plan_timing:
         print(json.dumps({"plan_step_us": plan_timing([1, 2, 4, 8, 16, 32, 64])}))
@@ -416,8 +418,13 @@ def main(argv: list[str] | None = None) -> None:
     profiles: dict[str, CostProfile] = {}
     for spec in args.profile or [f"{k}={json.dumps(v)}" for k, v in PROFILES.items()]:
         name, _, text = spec.partition("=")
-        profiles[name] = CostProfile.from_json(text) if text else \
-            CostProfile.from_mapping(PROFILES[name])
+        if not text and name not in PROFILES:
+            ap.error(f"--profile {name}: not a built-in profile; give NAME=JSON")
+        try:
+            profiles[name] = CostProfile.from_json(text) if text else \
+                CostProfile.from_mapping(PROFILES[name])
+        except ValueError as exc:
+            ap.error(f"--profile {name}: {exc}")
     sessions_cap = _per_workload(ap, args.sessions, len(args.workloads), "--sessions")
     turns_cap = _per_workload(ap, args.turns, len(args.workloads), "--turns")
     workloads: dict[str, tuple[list[Session], int | None]] = {}
