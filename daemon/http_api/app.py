@@ -20,7 +20,8 @@ lossless greedy output, exact sampling and the counters are the same.
   ignored. Errors never leave as a 500 unless the daemon itself failed.
 * Auth: a loopback address is open unless a token is configured; any other address
   needs the bearer token (``Authorization: Bearer ...``, the same token as gRPC) or
-  ``--insecure``. Bodies larger than the gRPC message limit get 413.
+  ``--insecure``. Bodies larger than the gRPC message limit get 413; a body that is
+  not JSON, or nests it deeper than ``MAX_JSON_DEPTH`` (64) levels, gets 400.
 * A client that disconnects mid-stream cancels its generation between two steps; the
   verifier's slot is released at once.
 
@@ -78,6 +79,24 @@ from .structured import RawReplies, ReplyShaper, Structure, parse_structure
 log = logging.getLogger("suffixd.http")
 
 DEFAULT_COMPLETION_TOKENS = 1024  # when a request names no max_tokens (and room allows)
+# JSON nesting a request may have: a chat request needs 4-5 levels, a tool's JSON schema a
+# few more; deeper input only risks recursion in what reads it (a RecursionError is a 500).
+MAX_JSON_DEPTH = 64
+
+
+def json_depth(value: Any) -> int:
+    """How deeply ``value`` (parsed JSON) nests lists and objects, walked without recursion
+    (stops counting once past MAX_JSON_DEPTH)."""
+    deepest = 0
+    todo: list[tuple[Any, int]] = [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, depth)
+            if depth > MAX_JSON_DEPTH:
+                break
+            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 def _error_response(exc: ApiError) -> JSONResponse:
@@ -169,10 +188,19 @@ class OpenAIFront:
                                f"{self.max_body_bytes} bytes", code="request_too_large")
         try:
             body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "the request body is not valid JSON") from None
+        except RecursionError:
+            # the decoder recurses once per level: past Python's limit it raises this
+            raise ApiError(400, f"the request body nests JSON deeper than "
+                           f"{MAX_JSON_DEPTH} levels", code="json_too_deep") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"the request body is not valid JSON ({exc})",
+                           code="invalid_json") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
+        if json_depth(body) > MAX_JSON_DEPTH:
+            # what parses may still recurse later (message parts, schemas, templates)
+            raise ApiError(400, f"the request body nests JSON deeper than "
+                           f"{MAX_JSON_DEPTH} levels", code="json_too_deep")
         return body
 
     def _check_model(self, body: dict[str, Any]) -> str:
