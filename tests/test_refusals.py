@@ -6,6 +6,10 @@ second daemon refuses before it opens the store. Through the real daemon."""
 from __future__ import annotations
 
 import json
+import os
+import stat
+import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,3 +45,54 @@ def test_deep_or_broken_json_is_a_400_not_a_500(daemon_factory: Any) -> None:
             assert err["code"] == code and err["type"] == "invalid_request_error", err
             assert "JSON" in err["message"], err
     assert "Traceback" not in proc.log() and "RecursionError" not in proc.log()
+
+
+# --------------------------------------------------------------------------- start-up
+
+
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+def test_files_written_at_start_are_owner_only(daemon_factory: Any, tmp_path: Path) -> None:
+    """daemon.json and metrics.addr are written after the owner-only pass: 0600 too, even
+    under a permissive umask and over files an earlier run left world-readable."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("daemon.json", "metrics.addr", "daemon.json.tmp"):
+        (data / name).write_text("{}")
+        (data / name).chmod(0o644)
+    old = os.umask(0o022)
+    try:
+        proc = daemon_factory(data_dir=data, args=["--metrics-addr", "127.0.0.1:0"])
+    finally:
+        os.umask(old)
+    deadline = time.monotonic() + 30
+    while (data / "metrics.addr").read_text() == "{}" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (data / "metrics.addr").read_text().startswith("127.0.0.1:")
+    assert _mode(data / "daemon.json") == 0o600
+    assert _mode(data / "metrics.addr") == 0o600
+    assert {_mode(f) for f in data.rglob("*") if f.is_file()} == {0o600}, \
+        {f.name: oct(_mode(f)) for f in data.rglob("*") if f.is_file()}
+    proc.stop()
+
+
+def test_a_second_daemon_on_a_live_socket_refuses_before_opening_its_store(
+        daemon_factory: Any, tmp_path: Path) -> None:
+    sock = tmp_path / "shared.sock"
+    first = daemon_factory(data_dir=tmp_path / "a", args=["--listen", f"unix:{sock}"])
+    second_dir = tmp_path / "b"
+    t0 = time.monotonic()
+    second = daemon_factory(data_dir=second_dir, args=["--listen", f"unix:{sock}"],
+                            expect_ready=False)
+    assert second.wait(60) != 0
+    log = second.log()
+    assert "running daemon" in log or "listening on" in log, log
+    assert "Traceback" not in log
+    # refused before the Engine: no store was created, nothing was loaded or rebuilt
+    assert not (second_dir / "store").exists(), sorted(p.name for p in second_dir.iterdir())
+    assert time.monotonic() - t0 < 30
+    c = first.client()
+    assert c.info()["version"]
+    c.close()
