@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 
 def _post(base: str, path: str, body: Any, raw: bytes | None = None,
@@ -96,3 +98,58 @@ def test_a_second_daemon_on_a_live_socket_refuses_before_opening_its_store(
     c = first.client()
     assert c.info()["version"]
     c.close()
+
+
+# --------------------------------------------------------------------------- bench script
+
+_STUB_PYTHON = r"""#!/usr/bin/env bash
+echo "python $*" >> "$STUB_LOG"
+case "$*" in
+  *"import llama_cpp"*) echo 0.0.1 ;;
+  *"import scikit_build_core"*) exit "$STUB_NO_SKBUILD" ;;
+  "-m pip download"*)
+    dir="${@: -1}"
+    mkdir -p "$dir/src/llama_cpp_python-0.0.1/vendor/llama.cpp"
+    tar -czf "$dir/llama_cpp_python-0.0.1.tar.gz" -C "$dir/src" llama_cpp_python-0.0.1 ;;
+esac
+"""
+_STUB_CMAKE = r"""#!/usr/bin/env bash
+echo "cmake $*" >> "$STUB_LOG"
+if [ "$1" = --build ]; then mkdir -p "$2/bin" && touch "$2/bin/llama-server" \
+  && chmod +x "$2/bin/llama-server"; fi
+"""
+
+
+@pytest.mark.parametrize("has_backend", [True, False])
+def test_build_llama_server_says_what_it_does_and_skips_the_isolated_build(
+        tmp_path: Path, has_backend: bool) -> None:
+    """The script's logic with pip and cmake stubbed (nothing is downloaded or built):
+    the sdist is fetched without an isolated metadata build (scikit-build-core installed
+    first when missing), and every stage is announced on stderr."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for name, text in (("python", _STUB_PYTHON), ("cmake", _STUB_CMAKE)):
+        (stubs / name).write_text(text)
+        (stubs / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    script = Path(__file__).resolve().parents[1] / "bench" / "build_llama_server.sh"
+    env = {**os.environ, "PYTHON": str(stubs / "python"), "STUB_LOG": str(log),
+           "STUB_NO_SKBUILD": "0" if has_backend else "1",
+           "PATH": f"{stubs}:{os.environ['PATH']}"}
+    r = subprocess.run(["bash", str(script), str(tmp_path / "build")], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("build-0.0.1/bin/llama-server")
+    calls = log.read_text().splitlines()
+    download = [c for c in calls if c.startswith("python -m pip download")]
+    assert len(download) == 1 and "--no-build-isolation" in download[0], calls
+    assert " -q" not in download[0]
+    installs = [c for c in calls if c.startswith("python -m pip install")]
+    assert len(installs) == (0 if has_backend else 1), calls
+    said = [ln for ln in r.stderr.splitlines() if ln.startswith("build_llama_server: ")]
+    assert any("downloading" in ln for ln in said), r.stderr
+    assert any("configuring" in ln for ln in said) and any("building" in ln for ln in said)
+    # a second run reuses the build and says so
+    r = subprocess.run(["bash", str(script), str(tmp_path / "build")], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "reusing" in r.stderr
