@@ -153,3 +153,130 @@ def test_build_llama_server_says_what_it_does_and_skips_the_isolated_build(
     r = subprocess.run(["bash", str(script), str(tmp_path / "build")], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "reusing" in r.stderr
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def _state(c: Any) -> tuple[Any, ...]:
+    """What a refused request must not change: the open sessions, the namespaces holding
+    state with their trees and counters, the session trees' memory."""
+    stats = c.stats()
+    namespaces = sorted((n.get("namespace"), json.dumps(n, sort_keys=True, default=str))
+                        for n in stats["namespaces"])
+    sessions = [(s.namespace, s.session_id, s.tokens) for s in c.list_sessions()]
+    memory = json.dumps(stats.get("memory"), sort_keys=True, default=str)
+    return namespaces, sessions, memory
+
+
+def test_a_refused_generation_leaves_nothing_behind(daemon_factory: Any) -> None:
+    """Refused for its context (400 context_length_exceeded / INVALID_ARGUMENT) or for a
+    session budget (429 / RESOURCE_EXHAUSTED), by either front, named session, automatic
+    session or one-off: no session opened, no token in any tree, no record (still none
+    after a restart)."""
+    from suffixd.client import InvalidArgumentError, ResourceExhaustedError
+
+    args = ["--http", "127.0.0.1:0", "--ctx-size", "256", "--max-session-tokens", "150",
+            "--threads", "1", "--kv-slots", "2"]
+    proc = daemon_factory(args=args)
+    c = proc.client()
+    base = proc.http.removesuffix("/v1")
+    # the model loads on this first (refused) request; nothing else is there yet
+    before = _state(c)
+    assert before[1] == []
+    too_long = list(range(1000, 1400))  # 400 tokens: over the 256-token context
+    over_budget = list(range(1000, 1200))  # 200: fits the context, not the session budget
+    h = {"X-Suffixd-Namespace": "refused"}
+    chat_long = {"messages": [{"role": "user", "content": "hello " * 400}], "max_tokens": 4}
+    chat_budget = {"messages": [{"role": "user", "content": "hi " * 170}], "max_tokens": 4}
+    for path, body, headers, status, code in [
+        ("/v1/chat/completions", chat_long, h, 400, "context_length_exceeded"),  # automatic
+        ("/v1/chat/completions", {**chat_long, "stream": True}, h, 400,
+         "context_length_exceeded"),
+        ("/v1/chat/completions", chat_long, {**h, "X-Suffixd-Session": "named"}, 400,
+         "context_length_exceeded"),
+        ("/v1/completions", {"prompt": too_long, "max_tokens": 4}, h, 400,
+         "context_length_exceeded"),  # one-off
+        ("/v1/completions", {"prompt": too_long, "max_tokens": 4},
+         {**h, "X-Suffixd-Session": "named"}, 400, "context_length_exceeded"),
+        ("/v1/completions", {"prompt": over_budget, "max_tokens": 4},
+         {**h, "X-Suffixd-Session": "budget"}, 429, None),
+        ("/v1/chat/completions", chat_budget, h, 429, None),  # automatic, over the budget
+    ]:
+        r = _post(base, path, body, headers=headers)
+        assert r.status_code == status, (path, body.get("stream"), r.text)
+        err = r.json()["error"]
+        assert code is None or err["code"] == code, err
+    for session, tokens, error in [("g1", too_long, InvalidArgumentError),
+                                   (None, too_long, InvalidArgumentError),
+                                   ("g2", over_budget, ResourceExhaustedError)]:
+        with pytest.raises(error):
+            list(c.generate(session, tokens=tokens, namespace="refused", max_tokens=4,
+                            timeout=120))
+    assert _state(c) == before
+    assert "Traceback" not in proc.log()
+    c.close()
+    proc.stop()
+    # nothing was stored either
+    again = daemon_factory(data_dir=proc.data_dir, args=args)
+    c = again.client()
+    assert c.list_sessions() == []
+    assert "refused" not in [n.get("namespace") for n in c.stats()["namespaces"]]
+    c.close()
+
+
+# --------------------------------------------------------------------------- full disk
+
+from tests.test_hardening import fill  # noqa: E402
+from tests.test_hardening import small_tmpfs as small_tmpfs  # noqa: E402  (the fixture)
+
+
+def test_a_durable_step_refused_for_a_full_disk_applies_nothing(daemon_factory: Any,
+                                                                small_tmpfs: Path) -> None:
+    """A durable SpeculateStream step whose commit fails (a full tmpfs under the data dir)
+    is refused in the right words and leaves the session as it was: its tree drafts
+    nothing of it, later appends are accepted on top of what was stored, and after a
+    restart the record and the stored transcript are exactly what was acknowledged."""
+    from suffixd.client import ResourceExhaustedError
+
+    data = small_tmpfs / "data"
+    args = ["--model", "none"]
+    log = small_tmpfs.parent / "daemon.log"  # not on the disk that fills
+    proc = daemon_factory(data_dir=data, args=args, log_path=log)
+    c = proc.client()
+    acked = [7, 8, 9, 10, 11, 12] * 50
+    c.open_session("disk", "s", tokens=acked)
+    st = c.stepper("disk", "s")
+    st.step([20, 21, 22, 23])
+    acked += [20, 21, 22, 23]
+    filler = fill(small_tmpfs)
+    # a step LMDB cannot fit into the free pages it keeps: refused, nothing of it applied
+    big = [1000 + i % 5000 for i in range(300_000)]
+    with pytest.raises(ResourceExhaustedError) as refused:
+        st.step(big)
+    msg = str(refused.value)
+    assert "disk full" in msg and "deferred" not in msg, msg
+    assert "not applied" in msg, msg
+    info = c.describe_session("disk", "s", tail_tokens=len(acked) + 10)
+    assert info.tokens == len(acked)
+    assert list(info.tail) == acked
+    # drafts come from what is stored only: the refused step's tokens draft nothing
+    assert not c.speculate("disk", "s", big[:40], 8).tokens
+    # space returns: the session takes appends on top of what was acknowledged
+    filler.unlink()
+    st = c.stepper("disk", "s")
+    st.step([30, 31, 32])
+    acked += [30, 31, 32]
+    st.close()
+    r = c.append("disk", "s", [40, 41], kind="tool")
+    acked += [40, 41]
+    assert r.session_tokens == len(acked)
+    c.close()
+    proc.stop()
+    proc = daemon_factory(data_dir=data, args=args, log_path=log)
+    c = proc.client()
+    info = c.describe_session("disk", "s", tail_tokens=len(acked) + 10)
+    assert info.tokens == len(acked)
+    assert list(info.tail) == acked
+    c.close()
+    assert "Traceback" not in proc.log()
