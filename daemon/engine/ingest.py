@@ -13,6 +13,12 @@ Interface (``Ingest``, one per Engine):
   ``sess.last_commit`` says when it is durable (``sess.durable_tokens`` follows);
 * ``wait_commits(sess)``: wait for the session's queued commits (Unavailable when one
   failed: the session then refuses appends); ``check_write_error(sess)``;
+* after a failed commit: a session's later writes fail too, in the writer thread
+  (``Session.check_writable``), so its store holds a prefix of what it appended;
+  ``undo_step(sess, commit, after)``: a durable stream step (written alone) whose commit
+  failed is undone, and the session goes on when nothing else was lost; a failed
+  deferred commit (acknowledged steps lost) resyncs the session in a thread of its own
+  (``resync``): tree, record, tail and pending response become what the store holds.
 
 What an append does: a "generated" append adds to the session's pending response; a
 "response" append ends it, the pending tokens plus these becoming one sequence of the
