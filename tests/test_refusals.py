@@ -280,3 +280,43 @@ def test_a_durable_step_refused_for_a_full_disk_applies_nothing(daemon_factory: 
     assert list(info.tail) == acked
     c.close()
     assert "Traceback" not in proc.log()
+
+
+def test_a_lost_deferred_step_leaves_tree_and_record_as_stored(daemon_factory: Any,
+                                                              small_tmpfs: Path) -> None:
+    """A defer_commit step is acknowledged before its commit, which the full disk then
+    refuses: the session goes back to what its store holds (record, tree, drafts) and
+    refuses appends, the unary ones too (they used to store a record counting the lost
+    tokens); a restart finds exactly what was stored."""
+    from suffixd.client import ResourceExhaustedError
+
+    data = small_tmpfs / "data"
+    args = ["--model", "none"]
+    log = small_tmpfs.parent / "daemon.log"
+    proc = daemon_factory(data_dir=data, args=args, log_path=log)
+    c = proc.client()
+    acked = [7, 8, 9, 10, 11, 12] * 50
+    c.open_session("disk", "s", tokens=acked)
+    filler = fill(small_tmpfs)
+    st = c.stepper("disk", "s", defer_commit=True)
+    big = [1000 + i % 5000 for i in range(300_000)]
+    st.step(big)  # acknowledged, not yet durable: its commit fails
+    with pytest.raises(ResourceExhaustedError, match="failed"):
+        st.close()  # the OK status would promise it was committed
+    deadline = time.monotonic() + 10
+    while c.describe_session("disk", "s").tokens != len(acked) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    info = c.describe_session("disk", "s", tail_tokens=len(acked) + 10)
+    assert info.tokens == len(acked) and list(info.tail) == acked
+    assert not c.speculate("disk", "s", big[:40], 8).tokens
+    filler.unlink()
+    with pytest.raises(ResourceExhaustedError, match="close it"):
+        c.append("disk", "s", [40, 41], kind="tool")
+    c.close()
+    proc.stop()
+    proc = daemon_factory(data_dir=data, args=args, log_path=log)
+    c = proc.client()
+    info = c.describe_session("disk", "s", tail_tokens=len(acked) + 10)
+    assert info.tokens == len(acked) and list(info.tail) == acked
+    c.close()
+    assert "Traceback" not in proc.log()
