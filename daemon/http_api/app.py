@@ -293,7 +293,8 @@ class OpenAIFront:
         watch = None if stream else asyncio.ensure_future(_cancel_on_disconnect(request, run))
         try:
             first = await run.next()
-        except BaseException:
+        except BaseException as exc:
+            left = watch is not None and watch.done()  # the client hung up: it ended early
             if watch is not None:
                 watch.cancel()
             run.cancel()
@@ -302,6 +303,8 @@ class OpenAIFront:
                     self.finder.release(ns, sid, None, None)
                 else:  # refused before its session opened: the finder forgets it too
                     self.finder.forget(ns, sid)
+            if left and isinstance(exc, ApiError):
+                return Response(status_code=499)  # nobody to answer
             raise
         meta = {"namespace": ns, "session": sid, "session_found": found}
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
