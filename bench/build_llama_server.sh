@@ -6,8 +6,8 @@
 #
 #   bash bench/build_llama_server.sh [BUILD_DIR]     # default build/llama-server
 #
-# Prints the path of the llama-server binary on its last line. A second run with the
-# same version reuses the build.
+# Prints the path of the llama-server binary on its last line (stdout); what it is doing
+# goes to stderr, one line per stage. A second run with the same version reuses the build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir="${1:-${SUFFIXD_LLAMA_SERVER_DIR:-build/llama-server}}"
@@ -17,22 +17,37 @@ mkdir -p "$build_dir"
 build_dir="$(cd "$build_dir" && pwd)"
 src="$build_dir/llama_cpp_python-$version"
 bin="$build_dir/build-$version/bin/llama-server"
+say() { echo "build_llama_server: $*" >&2; }
 if [ -x "$bin" ]; then
+  say "reusing $bin (llama-cpp-python $version)"
   echo "$bin"
   exit 0
 fi
 if [ ! -d "$src/vendor/llama.cpp" ]; then
   sdist="$build_dir/llama_cpp_python-$version.tar.gz"
   if [ ! -f "$sdist" ]; then
-    "$python" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$version" \
-      -d "$build_dir" >&2
+    # pip prepares an sdist's metadata even to download it; in an isolated build env it
+    # first installs the build backend there, silently: 9+ minutes on a fresh venv. With
+    # scikit-build-core (llama-cpp-python's backend) installed and no isolation: ~20 s.
+    if ! "$python" -c 'import scikit_build_core' 2>/dev/null; then
+      say "installing scikit-build-core (the sdist's build backend, to read its metadata" \
+          "without an isolated build)"
+      "$python" -m pip install --disable-pip-version-check 'scikit-build-core[pyproject]' >&2
+    fi
+    say "downloading the llama-cpp-python $version sdist (its vendored llama.cpp) into" \
+        "$build_dir"
+    "$python" -m pip download --disable-pip-version-check --no-deps --no-binary :all: \
+      --no-build-isolation "llama-cpp-python==$version" -d "$build_dir" >&2
   fi
+  say "unpacking $sdist"
   tar -xzf "$sdist" -C "$build_dir"
 fi
 # CPU build, as the verifier's wheel; no curl (nothing is downloaded), server only.
+say "configuring llama.cpp (cmake) in $build_dir/build-$version"
 cmake -S "$src/vendor/llama.cpp" -B "$build_dir/build-$version" \
   -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=ON >&2
+say "building llama-server (minutes: -j ${CMAKE_BUILD_PARALLEL_LEVEL:-2})"
 cmake --build "$build_dir/build-$version" --target llama-server \
   -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}" >&2
 echo "$bin"

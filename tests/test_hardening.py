@@ -102,18 +102,18 @@ def fill(mnt: Path) -> Path:
     """Write a file until the file system is full; returns it (delete it to free the disk)."""
     filler = mnt / "filler"
     block = bytes(1 << 16)
-    with filler.open("wb") as f:
+    # unbuffered: a buffered file keeps what the full disk refused and raises ENOSPC again
+    # when it is closed
+    with filler.open("wb", buffering=0) as f:
         try:
             while True:
                 f.write(block)
-                f.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC
     # a short last write may leave a few bytes: take them too
-    with contextlib.suppress(OSError), filler.open("ab") as f:
+    with contextlib.suppress(OSError), filler.open("ab", buffering=0) as f:
         for _ in range(64):
             f.write(bytes(512))
-            f.flush()
     return filler
 
 

@@ -269,6 +269,35 @@ def test_client_disconnect_mid_stream_stops_generation(http_daemon: Any) -> None
     assert r2.usage.completion_tokens >= 1
 
 
+def test_client_disconnect_without_streaming_stops_generation(http_daemon: Any) -> None:
+    """A client that hangs up on an answer that is not streamed (nothing is sent until
+    the end) stops its generation at the next step too, and the daemon logs no error."""
+    base = http_daemon.proc.http.removesuffix("/v1")
+    # the model loaded (a first request of this module may have to load it)
+    http_daemon.oai.completions.create(model="default", prompt="SELECT", max_tokens=1,
+                                       extra_headers=ns_headers("dc"), timeout=900)
+    body = {"prompt": "SELECT * FROM singer WHERE", "max_tokens": 2000, "temperature": 0,
+            "ignore_eos": True}
+    headers = {"Content-Type": "application/json", **ns_headers("dc", "dc2")}
+    with httpx.Client(timeout=httpx.Timeout(60, read=3.0)) as c, \
+            pytest.raises(httpx.ReadTimeout):
+        c.post(base + "/v1/completions", content=json.dumps(body), headers=headers)
+    # hung up (the client closed its connection on the timeout)
+    time.sleep(1.0)
+    before = http_daemon.describe_session("dc", "dc2").tokens
+    time.sleep(1.5)
+    after = http_daemon.describe_session("dc", "dc2").tokens
+    assert after == before, "generation went on after the client left"
+    assert after < 2000
+    log = http_daemon.proc.log()
+    assert "client disconnected; generation cancelled" in log
+    assert "Traceback" not in log and "internal error" not in log
+    r2 = http_daemon.oai.completions.create(
+        model="default", prompt="SELECT name FROM", max_tokens=3, temperature=0,
+        extra_headers=ns_headers("dc", "dc2"), timeout=60)
+    assert r2.usage.completion_tokens >= 1
+
+
 def test_auth_and_limits_on_a_non_loopback_listener(daemon_factory: Any) -> None:
     proc = daemon_factory(args=["--http", "0.0.0.0:0", "--auth-token", "s3cret",
                                 "--max-message-bytes", "65536"])

@@ -5,7 +5,8 @@ Interface (one of each per Engine):
 * ``NamespaceLimit``: ``admit(ns)`` before anything creates state for a namespace it
   does not hold yet (a session, stored counters: a Speculate in a new namespace creates
   them, a corpus file); ResourceExhausted once ``Limits.max_namespaces`` namespaces hold
-  state. ``names()``: every namespace holding state, sorted; ``forget(ns)`` after a drop.
+  state; ``check(ns)`` the same question without letting it in. ``names()``: every
+  namespace holding state, sorted; ``forget(ns)`` after a drop.
   The fleet's replicas are not admitted (a peer's data must not be refused) but count.
 * ``SessionBudgets``: ``check(items)`` before an append (or a session's opening) with
   the session locks held, ResourceExhausted naming the limit when it would pass
@@ -61,24 +62,39 @@ class NamespaceLimit:
             | self.registry.namespaces()
         return sorted(known)
 
-    def admit(self, ns: str) -> None:
+    def admit(self, ns: str) -> bool:
+        """Let ``ns`` hold state (ResourceExhausted past the limit); True when this call let
+        it in (the caller may ``forget`` it again if it then creates nothing)."""
         if ns in self._admitted:
-            return
+            return False
         if self._holds_state(ns):
             with self.lock:
                 self._admitted.add(ns)
-            return
+            return False
         with self.lock:
             # Held across the count, so two new namespaces cannot both take the last place.
-            known = self._admitted | set(self.cache.namespaces()) \
-                | self.counters.namespaces() | self.registry.namespaces()
-            if ns not in known and len(known) >= self.limits.max_namespaces:
-                raise ResourceExhausted(
-                    f"{len(known)} namespaces hold state; the limit is "
-                    f"{self.limits.max_namespaces} (--max-namespaces): drop one first "
-                    "(suffixd namespaces drop NAME)"
-                )
+            self._check_locked(ns)
+            fresh = ns not in self._admitted
             self._admitted.add(ns)
+            return fresh
+
+    def check(self, ns: str) -> None:
+        """``admit`` without letting it in: whether a request creating state in ``ns``
+        would be refused (checked before anything is changed)."""
+        if ns in self._admitted or self._holds_state(ns):
+            return
+        with self.lock:
+            self._check_locked(ns)
+
+    def _check_locked(self, ns: str) -> None:
+        known = self._admitted | set(self.cache.namespaces()) \
+            | self.counters.namespaces() | self.registry.namespaces()
+        if ns not in known and len(known) >= self.limits.max_namespaces:
+            raise ResourceExhausted(
+                f"{len(known)} namespaces hold state; the limit is "
+                f"{self.limits.max_namespaces} (--max-namespaces): drop one first "
+                "(suffixd namespaces drop NAME)"
+            )
 
     def forget(self, ns: str) -> None:
         with self.lock:

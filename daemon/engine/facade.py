@@ -26,6 +26,7 @@ Python API:
 * ``engine.tokenizer`` (or None), ``engine.vocab_size``, ``engine.info()``,
   ``engine.tokenize(text)``, ``engine.detokenize(ids)``
 * sessions: ``open_session(ns, session_id=None, metadata=None, tokens=())`` -> dict,
+  ``check_admission(ns, sid, tokens)`` (would opening/appending be refused? changes nothing),
   ``close_session(ns, sid, keep_responses=True)``, ``list_sessions(ns=None)``,
   ``describe_session(ns, sid, tail_tokens=0)``, ``session_tail(ns, sid, n)``
 * ingest (durable when it returns): ``append(ns, sid, kind, tokens)`` -> AppendResult,
@@ -36,7 +37,8 @@ Python API:
   on the same session, the appended tokens are compared with the draft and the step is
   counted (source, proposed, accepted) and fed to ``Drafter.observe``.
 * session streams: ``stream_session(ns, sid)`` once, then ``step(sess, kind, tokens,
-  ...)`` per step (append, durable or ``defer_commit``, then draft), ``wait_commits(sess)``
+  ...)`` per step (append, durable or ``defer_commit``, then draft), ``wait_commits(sess)``,
+  ``undo_step(sess, commit, after)`` (a durable step whose commit failed)
 * drafting: ``propose(ns, sid, context=None, max_tokens=None, cost_profile=None,
   remember=True)`` -> suffixcache.Draft. ``context=None`` uses the session's tail.
   A verifier that counts acceptance itself passes ``remember=False`` and calls
@@ -326,6 +328,35 @@ class Engine:
     ) -> dict[str, Any]:
         return self.sessions.open(ns, session_id, metadata, tokens)
 
+    def check_admission(self, ns: str, sid: str, tokens: int) -> bool:
+        """Whether appending ``tokens`` tokens to session ``sid`` of ``ns`` (opening it when
+        it is not open) would be let in, changing nothing: raises what the request would
+        meet (names, tokens per call, the namespace limit, sessions per namespace, the
+        session budgets, a session whose deferred commit failed). Returns whether the
+        session is open. The generation path asks before it opens or appends anything,
+        so a refused request leaves no session, token or record behind (a full disk
+        refuses the write itself, which applies nothing: an opening stores its record
+        and first prompt in one transaction)."""
+        self.validator.check_name("namespace", ns)
+        self.validator.check_name("session_id", sid)
+        if tokens > self.limits.max_tokens_per_call:
+            raise ResourceExhausted(
+                f"{tokens} tokens in one call; the limit is {self.limits.max_tokens_per_call}"
+                " (--max-tokens-per-call)"
+            )
+        try:
+            sess: Session | None = self.registry.get(ns, sid)
+        except NotFound:
+            sess = None
+        if sess is None or sess.closed:
+            self.namespaces.check(ns)
+            self.registry.check_room(ns)
+            self.budgets.check([(Session(ns, sid, {}), tokens)])
+            return False
+        self.ingest.check_write_error(sess)
+        self.budgets.check([(sess, tokens)])
+        return True
+
     def close_session(self, ns: str, sid: str, keep_responses: bool = True) -> dict[str, int]:
         return self.sessions.close(ns, sid, keep_responses)
 
@@ -400,6 +431,11 @@ class Engine:
     def wait_commits(self, sess: Session) -> None:
         """Wait until everything the session queued (deferred commits) is committed."""
         self.ingest.wait_commits(sess)
+
+    def undo_step(self, sess: Session, commit: Any, after: int) -> None:
+        """A durable stream step's commit failed: the session back to what its store
+        holds; raises the step's refusal (ingest.py, ``Ingest.undo_step``)."""
+        self.ingest.undo_step(sess, commit, after)
 
     # ------------------------------------------------------------------ drafting
     @property

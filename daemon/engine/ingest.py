@@ -13,6 +13,12 @@ Interface (``Ingest``, one per Engine):
   ``sess.last_commit`` says when it is durable (``sess.durable_tokens`` follows);
 * ``wait_commits(sess)``: wait for the session's queued commits (Unavailable when one
   failed: the session then refuses appends); ``check_write_error(sess)``;
+* after a failed commit: a session's later writes fail too, in the writer thread
+  (``Session.check_writable``), so its store holds a prefix of what it appended;
+  ``undo_step(sess, commit, after)``: a durable stream step (written alone) whose commit
+  failed is undone, and the session goes on when nothing else was lost; a failed
+  deferred commit (acknowledged steps lost) resyncs the session in a thread of its own
+  (``resync``): tree, record, tail and pending response become what the store holds.
 
 What an append does: a "generated" append adds to the session's pending response; a
 "response" append ends it, the pending tokens plus these becoming one sequence of the
@@ -34,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -44,7 +51,7 @@ from suffixcache.store import DiskFullError, Store, StoreClosedError, Txn
 
 from ..common.errors import NotFound, ResourceExhausted, Unavailable
 from .drafting import accepted_along
-from .session_state import DeferredBatch
+from .session_state import TAIL_KEEP, DeferredBatch, end_batch
 
 if TYPE_CHECKING:
     from suffixcache import SuffixCache
@@ -67,6 +74,7 @@ class AppendResult:
     session_tokens: int
     accepted: int  # -1: no draft was pending
     seq_id: int | None = None  # the global-tree sequence a "response" append created
+    commit: Future[Any] | None = None  # a deferred append's commit (durable when done)
 
 
 class Ingest:
@@ -117,6 +125,7 @@ class Ingest:
                 stack.enter_context(s.lock)
                 if s.closed:
                     raise NotFound(f"session {s.id!r} in namespace {s.ns!r} was closed")
+                s.check_writable()  # (a unary append used to build on lost tokens)
             return self.append_locked(checked, sessions)
 
     def append_step(self, sess: Session, kind: str, toks: list[int], defer_commit: bool,
@@ -127,7 +136,10 @@ class Ingest:
                 raise NotFound(f"session {sess.id!r} in namespace {sess.ns!r} was closed")
             self.check_write_error(sess)
             if defer_commit and kind != "response":
-                return self.append_deferred(sess, kind, toks, lazy=not commit_soon)
+                # commit_soon: a durable stream step, whose reply awaits this commit; it
+                # writes alone so that a failure undoes exactly it (undo_step)
+                return self.append_deferred(sess, kind, toks, lazy=not commit_soon,
+                                            alone=commit_soon)
             return self.append_locked([(sess, kind, toks)], [sess])[0]
 
     def append_locked(
@@ -164,6 +176,8 @@ class Ingest:
         base = {id(s): dict(s.rec) for s in sessions}
 
         def write(t: Txn) -> tuple[dict[int, dict[str, Any]], list[int | None]]:
+            for s in sessions:  # a write queued before this one failed: refused too
+                s.check_writable()
             recs = {k: dict(v) for k, v in base.items()}
             for r in recs.values():
                 r["last"] = now
@@ -207,12 +221,13 @@ class Ingest:
         return results
 
     def append_deferred(self, sess: Session, kind: str, toks: list[int],
-                        lazy: bool) -> AppendResult:
+                        lazy: bool, alone: bool = False) -> AppendResult:
         """One deferred append (session streams; any kind but "response", which waits for
         its sequence id), with the session's lock held: the trees and the session follow at
         once, the write joins the session's queued batch or queues a new one
         (DeferredBatch), and ``sess.last_commit`` is the future that says it is durable.
-        ``lazy``: nobody waits for the commit soon (Store.submit).
+        ``lazy``: nobody waits for the commit soon (Store.submit). ``alone``: a write of
+        its own, which nothing joins (a durable stream step: undo_step undoes it alone).
 
         The record the store will hold is kept in ``sess.rec`` (chunks numbered, tokens
         counted as the batch will store them), so a later write builds on it."""
@@ -223,6 +238,9 @@ class Ingest:
         kick = False
         with DeferredBatch.lock:
             b = sess.batch
+            if alone and b is not None:
+                b.close()  # queued before this one, and stays apart from it
+                b = None
             if b is not None and b.open:
                 if b.lazy and not lazy:
                     b.lazy = False
@@ -236,10 +254,12 @@ class Ingest:
                     rec["chunks"] = no + 1
             else:
                 no = int(rec.get("chunks", 0))
-                new_batch = sess.batch = DeferredBatch(sess, no, kind, list(toks), lazy)
+                new_batch = sess.batch = DeferredBatch(sess, no, kind, list(toks), lazy, alone)
                 rec["chunks"] = no + 1
             rec["tokens"] = tokens = int(rec.get("tokens", 0)) + len(toks)
             rec["last"] = now
+            if alone and new_batch is not None:
+                new_batch.close()  # its record counts this step only: nothing joins it
         if new_batch is not None:
             try:
                 fut = self.store.submit(new_batch.write, lazy=lazy)
@@ -251,13 +271,13 @@ class Ingest:
                 sess.write_error = StoreClosedError("the store is closed")
                 raise
             sess.last_commit = fut
-            fut.add_done_callback(functools.partial(self._deferred_done, sess))
+            fut.add_done_callback(functools.partial(self._deferred_done, sess, alone))
         elif kick:
             self.store.kick()
 
         accepted = self._follow_append(sess, kind, toks)
         sess.last = now
-        return AppendResult(len(toks), tokens, accepted, None)
+        return AppendResult(len(toks), tokens, accepted, None, sess.last_commit)
 
     def _follow_append(self, sess: Session, kind: str, toks: list[int]) -> int:
         """Once an append is written (or, deferred, queued): the session's tree, tail,
@@ -285,20 +305,92 @@ class Ingest:
             sess.pending.clear()
         return accepted
 
-    @staticmethod
-    def _deferred_done(sess: Session, fut: Future[Any]) -> None:
-        # Runs in the store's writer thread once a deferred batch committed (or failed);
-        # its result is the session's stored length.
+    def _deferred_done(self, sess: Session, alone: bool, fut: Future[Any]) -> None:
+        # Runs in the store's writer thread once a deferred batch committed (or failed),
+        # before the writer runs the next write; its result is the session's stored length.
         exc = fut.exception()
         if exc is not None:
             if sess.write_error is None:
+                # the session's later writes fail from now on (Session.check_writable)
                 sess.write_error = exc
-            log.error("deferred commit failed",
-                      extra={"namespace": sess.ns, "session": sess.id, "error": repr(exc)})
+                sess.failed_commit = fut
+            log.error("commit failed", extra={"namespace": sess.ns, "session": sess.id,
+                                              "error": repr(exc)})
+            if not alone:
+                # Steps acknowledged before they were durable are lost: the session's
+                # tree and record go back to what the store holds (they must agree after
+                # any fault). Not here: this thread must not wait for a session lock,
+                # whose holder may be waiting for this thread. A durable step's own
+                # failure is settled by the stream awaiting it (undo_step).
+                threading.Thread(target=self.resync, args=(sess,), daemon=True,
+                                 name="suffixd-session-resync").start()
             return
         tokens = fut.result()
         if tokens > sess.durable_tokens:
             sess.durable_tokens = tokens
+
+    def resync(self, sess: Session) -> None:
+        """After a failed write: the session's tree, record, tail and pending response
+        become what the store holds (every queued write of the session settled first)."""
+        with sess.lock:
+            if not sess.closed:
+                self._resync_locked(sess)
+
+    def _resync_locked(self, sess: Session) -> None:
+        end_batch(sess)
+        fut = sess.last_commit
+        if fut is not None:
+            with contextlib.suppress(Exception):  # failures are in write_error
+                fut.result()
+        rec = self.store.get_session(sess.ns, sess.id)
+        if rec is None:  # dropped meanwhile
+            return
+        tokens: list[int] = []
+        pending: list[int] = []
+        for kind, toks in self.store.session_chunks(sess.ns, sess.id):
+            tokens += toks
+            if kind == "generated":
+                pending += toks
+            elif kind == "response":
+                pending = []
+        if len(tokens) == int(sess.rec.get("tokens", 0)):
+            # nothing was lost (a second resync): the store holds a prefix of what the
+            # session appended, since a failed write fails the session's later ones
+            sess.rec = rec
+            return
+        log.warning("session resynced with its store after a failed commit",
+                    extra={"namespace": sess.ns, "session": sess.id, "stored": len(tokens),
+                           "had": int(sess.rec.get("tokens", 0))})
+        self.cache.close_session(sess.ns, sess.id)
+        self.cache.open_session(sess.ns, sess.id, tokens)
+        self.budgets.dropped(sess.ns, sess.id)
+        self.budgets.opened(sess, len(tokens))
+        sess.rec = rec
+        sess.tail = tokens[-TAIL_KEEP:]
+        sess.pending = pending
+        sess.last_draft = None
+        sess.durable_tokens = int(rec.get("tokens", 0))
+
+    def undo_step(self, sess: Session, commit: Future[Any], after: int) -> None:
+        """A durable stream step's commit (``commit``) failed: the session goes back to
+        what its store holds. When that failure was the session's first and nothing was
+        queued after the step (the session held ``after`` tokens with it), the session
+        is exactly as before the step and goes on: raises the step's refusal (nothing of
+        it was applied). Otherwise acknowledged tokens were lost too: raises the
+        session's write error (it refuses appends from now on)."""
+        with sess.lock:
+            clean = sess.failed_commit is commit and int(sess.rec.get("tokens", 0)) == after
+            if not sess.closed:
+                self._resync_locked(sess)
+            exc = commit.exception()
+            if clean and not sess.closed:
+                sess.write_error = sess.failed_commit = None
+                sess.last_commit = None
+                error = ResourceExhausted if isinstance(exc, DiskFullError) else Unavailable
+                raise error(f"{exc} (the step was not applied: the session is as it was "
+                            "before it)")
+            self.check_write_error(sess)
+            raise Unavailable(f"the step's commit failed: {exc}")
 
     def wait_commits(self, sess: Session) -> None:
         """Wait until everything the session queued (deferred commits) is committed."""
@@ -312,11 +404,4 @@ class Ingest:
 
     @staticmethod
     def check_write_error(sess: Session) -> None:
-        if sess.write_error is not None:
-            error = ResourceExhausted if isinstance(sess.write_error, DiskFullError) \
-                else Unavailable
-            raise error(
-                f"a deferred commit of session {sess.id!r} in namespace {sess.ns!r} failed "
-                f"({sess.write_error}); its stored content lacks acknowledged tokens: close "
-                "it and open another"
-            )
+        sess.check_writable()

@@ -6,7 +6,8 @@ of its own beyond keeping itself consistent.
   pending response, the last draft, the deferred-commit state that ``ingest.py``
   maintains) and its ``lock``;
 * ``SessionRegistry`` (no I/O): ``get(ns, sid)`` (validated lookup, NotFound),
-  ``add(sess)`` (the per-namespace and namespace-count limits), ``remove(ns, sid)``,
+  ``add(sess)`` (the per-namespace and namespace-count limits; ``check_room(ns)`` asks
+  without adding), ``remove(ns, sid)``,
   ``sessions(ns)``, ``idle(now, ttl)``, ``snapshot()`` and ``live(keys)`` for the counters,
   ``load(sess)`` at start-up;
 * ``DeferredBatch`` and ``end_batch(sess)``: the deferred appends of a session queued as
@@ -25,8 +26,10 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from suffixcache.store import DiskFullError
+
 from ..common.config import Limits
-from ..common.errors import AlreadyExists, NotFound, ResourceExhausted
+from ..common.errors import AlreadyExists, NotFound, ResourceExhausted, Unavailable
 from .validation import Validator
 
 if TYPE_CHECKING:
@@ -40,7 +43,7 @@ TAIL_KEEP = 1024
 class Session:
     __slots__ = (
         "ns", "id", "rec", "tail", "pending", "last_draft", "lock", "closed", "last",
-        "durable_tokens", "last_commit", "write_error", "batch",
+        "durable_tokens", "last_commit", "write_error", "failed_commit", "batch",
     )
 
     def __init__(self, ns: str, sid: str, rec: dict[str, Any]) -> None:
@@ -59,9 +62,26 @@ class Session:
         self.durable_tokens = int(rec.get("tokens", 0))
         self.last_commit: Future[Any] | None = None
         self.write_error: BaseException | None = None
+        # The commit whose failure set write_error (the session's first failed write):
+        # when it is a durable stream step's own, and nothing was queued after it, the
+        # step is undone and the session goes on (ingest.py, undo_step).
+        self.failed_commit: Future[Any] | None = None
         # The session's queued deferred write that later deferred appends may still join
         # (see DeferredBatch below); None when there is none or it can no longer grow.
         self.batch: DeferredBatch | None = None
+
+    def check_writable(self) -> None:
+        """Refuse a write (appends, and inside the store's writer thread every queued write
+        of the session) once one of the session's writes failed: the store then never
+        holds a later write of a session without an earlier one."""
+        exc = self.write_error
+        if exc is not None:
+            error = ResourceExhausted if isinstance(exc, DiskFullError) else Unavailable
+            raise error(
+                f"a commit of session {self.id!r} in namespace {self.ns!r} failed ({exc}); "
+                "tokens acknowledged before it (deferred steps) were not stored, and the "
+                "session now holds only what was: close it and open another"
+            )
 
     def push_tail(self, tokens: Sequence[int]) -> None:
         self.tail.extend(tokens)
@@ -118,6 +138,17 @@ class SessionRegistry:
             self._sessions[(ns, sid)] = sess
             self._ns_sessions[ns] = n + 1
 
+    def check_room(self, ns: str) -> None:
+        """``add``'s limit without adding: whether ``ns`` may open one more session."""
+        with self.lock:
+            n = self._ns_sessions.get(ns, 0)
+        if n >= self.limits.max_sessions_per_namespace:
+            raise ResourceExhausted(
+                f"namespace {ns!r} has {n} open sessions; the limit is "
+                f"{self.limits.max_sessions_per_namespace} (--max-sessions): close some "
+                "first"
+            )
+
     def load(self, sess: Session) -> None:
         """Register a stored session at start-up (whatever the limits are now)."""
         self._sessions[(sess.ns, sess.id)] = sess
@@ -173,16 +204,19 @@ class DeferredBatch:
     it, so the store sees the session's appends in order. Every step of a batch is durable
     when the batch's future is done (sess.last_commit)."""
 
-    __slots__ = ("sess", "chunks", "open", "rec", "sealed", "lazy")
+    __slots__ = ("sess", "chunks", "open", "rec", "sealed", "lazy", "alone")
 
     # Guards every batch's open/chunks/rec against the writer thread sealing it; held for
     # a few dictionary and list operations only.
     lock = threading.Lock()
 
     def __init__(self, sess: Session, no: int, kind: str, tokens: list[int],
-                 lazy: bool) -> None:
+                 lazy: bool, alone: bool = False) -> None:
         self.sess = sess
         self.lazy = lazy  # queued as a lazy store write (Store.submit)
+        # a durable stream step's own write: nothing joins it, so its failure undoes
+        # exactly that step (ingest.py, undo_step)
+        self.alone = alone
         self.chunks: list[tuple[int, str, list[int]]] = [(no, kind, tokens)]
         self.open = True  # later deferred appends of the session may still join
         # The session record to store: snapshot taken when the batch stops growing.
@@ -201,6 +235,8 @@ class DeferredBatch:
     def write(self, t: Txn) -> int:
         """The store job. Sealed on the first run, so a replayed transaction (map resize,
         a failed group retried job by job) writes exactly the same thing."""
+        # after a failed write of the session, none of its later ones may land
+        self.sess.check_writable()
         if self.sealed is None:
             with DeferredBatch.lock:
                 self.close()

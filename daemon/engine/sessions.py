@@ -105,8 +105,13 @@ class Sessions:
         try:
             # (the budgets first: a refused opening must not take a namespace's place)
             self.budgets.check([(sess, len(toks))])
-            self.namespaces.admit(ns)
-            self.registry.add(sess)
+            admitted = self.namespaces.admit(ns)
+            try:
+                self.registry.add(sess)
+            except BaseException:
+                if admitted:  # a refused opening leaves no namespace behind
+                    self.namespaces.forget(ns)
+                raise
             try:
                 def write(t: Txn) -> dict[str, Any]:
                     r = dict(rec)
@@ -122,6 +127,8 @@ class Sessions:
                 self.budgets.opened(sess, len(toks))
             except BaseException:
                 self.registry.remove(ns, sid)
+                if admitted:
+                    self.namespaces.forget(ns)
                 with contextlib.suppress(Exception):
                     self.store.write(lambda t: t.delete_session(ns, sid))
                 raise

@@ -13,7 +13,7 @@ Interface (``KvSlots``, a mixin of ``Verifier``; the host sets ``_llama_cpp``,
   (waits while it is busy elsewhere or no id is free); released, it becomes the most
   recently used.
 * ``_make_room(slot, needed)``: raises ``ContextOverflowError`` if ``needed`` more
-  tokens do not fit the slot.
+  tokens do not fit the slot; ``check_fits(prompt_tokens)`` whether a prompt fits at all.
 * ``_reusable_prefix(slot, common)``: drops what the slot holds after the first
   ``common`` tokens and returns how many it kept.
 * ``_seq_rm(seq_id, p0)``: removes positions ``p0..`` of a sequence (draft rollback).
@@ -113,10 +113,16 @@ class KvSlots:
     def _make_room(self, slot: Slot, needed: int) -> None:
         """Refuse what cannot fit the slot's context (each slot has its own KV stream of
         ``n_ctx`` cells, so sessions never evict each other's tokens to make room)."""
-        if len(slot.tokens) + needed > self.n_ctx:
+        self.check_fits(len(slot.tokens) + needed - 1)
+
+    def check_fits(self, prompt_tokens: int) -> None:
+        """Refuse a prompt that no slot can hold with the first token generated after it:
+        ``generate`` would refuse it too (``_make_room``), but asked before anything is
+        stored for the request, the refusal leaves no state behind."""
+        if prompt_tokens + 1 > self.n_ctx:
             raise ContextOverflowError(
                 f"context window of {self.n_ctx} tokens per session exceeded "
-                f"({len(slot.tokens) + needed} needed)"
+                f"({prompt_tokens + 1} needed)"
             )
 
     def _reusable_prefix(self, slot: Slot, common: int) -> int:

@@ -2,13 +2,16 @@
 OpenAI-compatible HTTP endpoint): one code path, so drafts, KV reuse, counters and
 metrics are the same whichever protocol a request came in by.
 
-Per request: render/tokenize the prompt; append what the session has not seen yet to
-its tree (durably, kind "prompt"); then run the verifier with drafts from the engine's
-trees (falling back to the draft model when configured and worth it); every verified
-step is counted with ``engine.record_step``. The generated tokens reach the session tree
-at every step (kind "generated", their commit queued) and the last ones are appended as
-"response", which waits until everything is durable and puts the whole response into
-the namespace's global tree.
+Per request: render/tokenize the prompt; check every refusal it can meet before anything
+changes (``Generation.check``: parameters, context window, the engine's limits), so a
+refused request leaves no session, token or record; append what the session has not seen
+yet to its tree (durably, kind "prompt"; a new session's record and prompt in one commit);
+then run the verifier with drafts from the engine's trees (falling back to the draft
+model when configured and worth it); every verified step is counted with
+``engine.record_step``. The generated tokens reach the session tree at every step (kind
+"generated", their commit queued) and the last ones are appended as "response", which
+waits until everything is durable and puts the whole response into the namespace's
+global tree.
 
 The model is loaded on first use, or in the background at start-up
 (daemon/server/startup.py): a daemon used only for speculate/append never pays for it. The
@@ -29,7 +32,7 @@ from typing import Any
 
 from suffixcache import CostProfile
 
-from ..common.errors import FailedPrecondition, NotFound, ResourceExhausted
+from ..common.errors import AlreadyExists, FailedPrecondition, NotFound, ResourceExhausted
 from .chat import ChatRenderer
 from .verifier import Chunk, GenerateParams, Verifier
 
@@ -184,6 +187,26 @@ class Generation:
             raise ValueError(f"token ids must be in [0, {rt.verifier.vocab_size})")
         return toks
 
+    def check(self, req: GenerationRequest, prompt: list[int]) -> bool:
+        """Every refusal a request can meet before it changes anything: its parameters,
+        the context window (the prompt and one generated token must fit a KV slot) and,
+        for a named session, the engine's limits on the state it will open or extend
+        (``Engine.check_admission``: namespace, session count, budgets, tokens per call).
+        Both fronts go through it (``run`` calls it first; the HTTP front also before it
+        picks an automatic session), so a refused request opens no session, stores no
+        token and leaves no record. Returns whether the named session is open (False for
+        a one-off, which runs without a session where it may not open one)."""
+        req.params().validate()
+        self.runtime().verifier.check_fits(len(prompt))
+        if not req.session_id:
+            return False
+        ns, sid = req.namespace or "default", req.session_id
+        is_open = bool(self.engine.check_admission(ns, sid, 0))
+        # what run() will append: the prompt's new part, or all of it with the opening
+        n = len(self._new_prompt_part((ns, sid), prompt)) if is_open else len(prompt)
+        self.engine.check_admission(ns, sid, n)
+        return is_open
+
     def _new_prompt_part(self, key: tuple[str, str], prompt: list[int]) -> list[int]:
         with self._seen_lock:
             seen = self._seen.get(key)
@@ -224,10 +247,11 @@ class Generation:
         ns = req.namespace or "default"
         sid = req.session_id
         params = req.params()
-        params.validate()
         rt = self.runtime()
         if prompt is None:
             prompt = self.prompt_tokens(req)
+        # Every refusal before the first change: a refused request leaves nothing.
+        session_open = self.check(req, prompt)
         oneoff = not sid
         if oneoff:
             # A one-off request learns too: it runs in a session of its own, closed at the
@@ -236,24 +260,22 @@ class Generation:
             # more sessions it still drafts from the trees, learning nothing.
             sid = f"oneoff-{uuid.uuid4().hex}"
             try:
-                engine.open_session(ns, sid)
+                engine.open_session(ns, sid, tokens=prompt)  # record + prompt: one commit
             except (ResourceExhausted, FailedPrecondition) as exc:
                 log.info("one-off request in %r not remembered: %s", ns, exc)
                 sid = ""
-        if sid:
+        elif not session_open:
+            self.forget_session(ns, sid)  # what a closed session of that id had seen
             try:
-                if not oneoff:
-                    try:
-                        engine.describe_session(ns, sid)
-                    except NotFound:
-                        engine.open_session(ns, sid)
-                new = self._new_prompt_part((ns, sid), prompt)
-                if new:
-                    engine.append(ns, sid, "prompt", new)
-            except BaseException:
-                if oneoff:
-                    self._close_oneoff(ns, sid)
-                raise
+                # A new session's record and prompt commit together: a failed write (a
+                # full disk) leaves no empty session behind.
+                engine.open_session(ns, sid, tokens=prompt)
+            except AlreadyExists:  # opened meanwhile by another request
+                session_open = True
+        if session_open:
+            new = self._new_prompt_part((ns, sid), prompt)
+            if new:
+                engine.append(ns, sid, "prompt", new)
         # a one-off's KV is its own, forgotten at the end; a session's stays for its next turn
         vkey = f"\x00oneoff-{uuid.uuid4().hex}" if oneoff else f"{ns}\x00{sid}"
 

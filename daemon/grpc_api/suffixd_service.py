@@ -461,7 +461,7 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
                     else:
                         # Applied at once, its commit queued behind the session's earlier
                         # writes; a durable step's reply awaits that commit (a failed one
-                        # fails the step and every later append of the session).
+                        # is undone: _step_committed).
                         appended, draft = step(sess, kind, req.append, req.max_tokens or None,
                                                drafter, not req.no_draft, True,
                                                not req.defer_commit)
@@ -469,7 +469,7 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
                             if req.defer_commit:
                                 deferred[id(sess)] = sess
                             else:
-                                await self._committed(sess)
+                                await self._step_committed(sess, appended)
                 except Exception as exc:
                     await _abort_aio(context, exc)
                 if draft is not None:
@@ -495,6 +495,25 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
                 await _abort_aio(context, exc)
         finally:
             self._open_streams -= 1
+
+    async def _step_committed(self, sess: Any, appended: Any) -> None:
+        """Await a durable step's own commit without blocking the loop. If it failed, the
+        step is undone in the pool (engine.undo_step: the session's tree and record go
+        back to what the store holds) and its refusal raised: nothing of it applied."""
+        fut = appended.commit
+        if fut is None:
+            await self._committed(sess)
+            return
+        if not fut.done():
+            waits = self._commit_waits
+            if waits is None:
+                waits = self._commit_waits = _CommitWaits(asyncio.get_running_loop())
+            await waits.wait(fut)
+        if fut.exception() is None:
+            return
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.pool, self.engine.undo_step, sess, fut,
+                                   appended.session_tokens)
 
     async def _committed(self, sess: Any, kick: bool = False) -> None:
         """Await the session's queued commits without blocking the loop (engine.wait_commits

@@ -20,8 +20,10 @@ lossless greedy output, exact sampling and the counters are the same.
   ignored. Errors never leave as a 500 unless the daemon itself failed.
 * Auth: a loopback address is open unless a token is configured; any other address
   needs the bearer token (``Authorization: Bearer ...``, the same token as gRPC) or
-  ``--insecure``. Bodies larger than the gRPC message limit get 413.
-* A client that disconnects mid-stream cancels its generation between two steps; the
+  ``--insecure``. Bodies larger than the gRPC message limit get 413; a body that is
+  not JSON, or nests it deeper than ``MAX_JSON_DEPTH`` (64) levels, gets 400.
+* A client that disconnects cancels its generation between two steps, streamed or not
+  (an answer that is not streamed listens for the disconnect while it generates); the
   verifier's slot is released at once.
 
 Runs in the daemon process on an event loop of its own thread (uvicorn + Starlette),
@@ -78,6 +80,24 @@ from .structured import RawReplies, ReplyShaper, Structure, parse_structure
 log = logging.getLogger("suffixd.http")
 
 DEFAULT_COMPLETION_TOKENS = 1024  # when a request names no max_tokens (and room allows)
+# JSON nesting a request may have: a chat request needs 4-5 levels, a tool's JSON schema a
+# few more; deeper input only risks recursion in what reads it (a RecursionError is a 500).
+MAX_JSON_DEPTH = 64
+
+
+def json_depth(value: Any) -> int:
+    """How deeply ``value`` (parsed JSON) nests lists and objects, walked without recursion
+    (stops counting once past MAX_JSON_DEPTH)."""
+    deepest = 0
+    todo: list[tuple[Any, int]] = [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, depth)
+            if depth > MAX_JSON_DEPTH:
+                break
+            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 def _error_response(exc: ApiError) -> JSONResponse:
@@ -169,10 +189,19 @@ class OpenAIFront:
                                f"{self.max_body_bytes} bytes", code="request_too_large")
         try:
             body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "the request body is not valid JSON") from None
+        except RecursionError:
+            # the decoder recurses once per level: past Python's limit it raises this
+            raise ApiError(400, f"the request body nests JSON deeper than "
+                           f"{MAX_JSON_DEPTH} levels", code="json_too_deep") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"the request body is not valid JSON ({exc})",
+                           code="invalid_json") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
+        if json_depth(body) > MAX_JSON_DEPTH:
+            # what parses may still recurse later (message parts, schemas, templates)
+            raise ApiError(400, f"the request body nests JSON deeper than "
+                           f"{MAX_JSON_DEPTH} levels", code="json_too_deep")
         return body
 
     def _check_model(self, body: dict[str, Any]) -> str:
@@ -243,8 +272,10 @@ class OpenAIFront:
         opts = body.get("stream_options") or {}
         include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
 
-        # The model loads once (seconds on first use) and the prompt is tokenized
-        # before anything is answered, so that their errors are a plain 4xx.
+        # The model loads once (seconds on first use), the prompt is tokenized and the
+        # request checked (Generation.check: context window, limits) before anything is
+        # answered or changed, so that their errors are a plain 4xx and leave no state.
+        req.session_id = sid  # "" for an automatic session: checked again once claimed
         loop = asyncio.get_running_loop()
         prompt_tokens = await loop.run_in_executor(
             None, self._prepare, req, structure, messages)
@@ -257,12 +288,23 @@ class OpenAIFront:
         req.session_id = sid
         run = Run(self.generation, req, prompt_tokens, loop, whole=not stream)
         run.start()
+        # A streamed answer learns of a client that left when its next event cannot be
+        # sent; one that is not streamed sends nothing until the end, so it listens.
+        watch = None if stream else asyncio.ensure_future(_cancel_on_disconnect(request, run))
         try:
             first = await run.next()
-        except BaseException:
+        except BaseException as exc:
+            left = watch is not None and watch.done()  # the client hung up: it ended early
+            if watch is not None:
+                watch.cancel()
             run.cancel()
             if auto:
-                self.finder.release(ns, sid, None, None)
+                if found or self._is_open(ns, sid):
+                    self.finder.release(ns, sid, None, None)
+                else:  # refused before its session opened: the finder forgets it too
+                    self.finder.forget(ns, sid)
+            if left and isinstance(exc, ApiError):
+                return Response(status_code=499)  # nobody to answer
             raise
         meta = {"namespace": ns, "session": sid, "session_found": found}
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
@@ -283,11 +325,24 @@ class OpenAIFront:
                 last = await run.next()
                 shaper.feed(last.text)
             message, finish = shaper.finish(last.finish_reason)
+        except ApiError:
+            if watch is not None and watch.done():  # the client left: nobody to answer
+                return Response(status_code=499)
+            raise
         finally:
+            if watch is not None:
+                watch.cancel()
             run.cancel()
             self._release(ns, sid, messages, shaper, auto, message)
         return JSONResponse(completion_body(rid, model, chat, shaper.text, last, meta,
                                             message=message, finish=finish))
+
+    def _is_open(self, ns: str, sid: str) -> bool:
+        try:
+            self.engine.describe_session(ns, sid)
+        except NotFound:
+            return False
+        return True
 
     def _end_auto_session(self, ns: str, sid: str) -> None:
         """An automatic session the finder let go: closed, its responses kept in the
@@ -324,8 +379,21 @@ class OpenAIFront:
         if req.max_tokens == 0:
             room = rt.verifier.n_ctx - len(toks) - 1
             req.max_tokens = max(1, min(DEFAULT_COMPLETION_TOKENS, room))
-        req.params().validate()
+        self.generation.check(req, toks)
         return toks
+
+
+async def _cancel_on_disconnect(request: Request, run: Run) -> None:
+    """Cancel ``run`` (at its next step) once the client hangs up. The body was read, so
+    the next ASGI message is ``http.disconnect``; the task is cancelled when the answer
+    goes out."""
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            log.info("client disconnected; generation cancelled",
+                     extra={"namespace": run.namespace, "session": run.session_id})
+            run.cancel()
+            return
 
 
 # ----------------------------------------------------------------------- the server

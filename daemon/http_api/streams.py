@@ -50,6 +50,7 @@ class Run:
         step's sequences (llama.cpp's threads wait for each other at every op)."""
         self._generation, self._req, self._prompt, self._loop = generation, req, prompt, loop
         self._whole = whole
+        self.namespace, self.session_id = req.namespace, req.session_id
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self.cancelled = threading.Event()
 

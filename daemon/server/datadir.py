@@ -4,7 +4,9 @@ files.
 Interface: ``DataDirLock(data_dir, path=None)`` with ``acquire()`` (an exclusive
 ``flock`` on ``<data dir>/suffixd.lock``, or on ``path``, holding the daemon's pid;
 raises ``ServeError`` naming the daemon that holds it) and ``release()``;
-``owner_only(data_dir)`` (0700 / 0600 on the directory and everything in it).
+``owner_only(data_dir)`` (0700 / 0600 on the directory and everything in it);
+``write_private(path, text)`` (a file replaced atomically, 0600 from its creation on:
+what the daemon writes after the owner-only pass, e.g. daemon.json, metrics.addr).
 """
 
 from __future__ import annotations
@@ -69,3 +71,17 @@ def owner_only(data_dir: Path) -> None:
         for f in files:
             with contextlib.suppress(OSError):
                 os.chmod(os.path.join(root, f), 0o600)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``, owner-only (0600) from the first byte, atomically.
+    ``Path.write_text`` creates with 0666 less the umask (0644 as usually run): a file
+    written after ``owner_only`` would be left readable by everyone."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a leftover tmp file keeps its old mode through O_CREAT
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)

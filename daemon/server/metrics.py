@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..common.logs import event
+from .datadir import write_private
 
 log = logging.getLogger("suffixd.metrics")
 
@@ -338,5 +339,5 @@ def register(server: Any, engine: Any) -> list[str]:
     engine.metrics_server = ms
     if data_dir is not None:
         h, p = ms.address
-        (data_dir / "metrics.addr").write_text(f"{h}:{p}\n")
+        write_private(data_dir / "metrics.addr", f"{h}:{p}\n")
     return []

@@ -1,17 +1,19 @@
 """`suffixd serve`: build the gRPC server, run it, shut it down.
 
 * ``run(cfg)``: checks what needs no model (daemon/server/startup.py), locks the data directory
-  and makes it owner-only (daemon/server/datadir.py), opens the Engine, joins the fleet, builds
+  and makes it owner-only (daemon/server/datadir.py), claims its Unix socket paths
+  (``claim_sockets``: before the store opens, so a daemon refused a live daemon's socket
+  leaves its store alone and says so at once), opens the Engine, joins the fleet, builds
   the server, starts the HTTP front, writes ``<data dir>/daemon.json`` (the pid and the
   bound addresses) once serving; on SIGTERM/SIGINT stops accepting, lets in-flight RPCs
   finish (grace period), then closes the engine (counters flushed, LMDB closed cleanly).
-* ``build_server(engine, cfg)``: one LoopServer (daemon/server/loop_server.py: a ``grpc.aio``
-  server on an event loop of its own thread) with suffixd.v1.Suffixd, the standard health
-  service, server reflection and the extra services listed in EXTRA_SERVICES (one line
-  per daemon module), bound to the listeners: a Unix socket (default
-  ``<data dir>/suffixd.sock``, mode 0600, one daemon per socket path) and/or TCP
-  (``HOST:PORT``), which requires a bearer token unless ``insecure`` is set explicitly;
-  optional TLS on TCP.
+* ``build_server(engine, cfg, claimed=None)``: one LoopServer
+  (daemon/server/loop_server.py: a ``grpc.aio`` server on an event loop of its own
+  thread) with suffixd.v1.Suffixd, the standard health service, server reflection and
+  the extra services listed in EXTRA_SERVICES (one line per daemon module), bound to
+  the listeners: a Unix socket (default ``<data dir>/suffixd.sock``, mode 0600, one
+  daemon per socket path) and/or TCP (``HOST:PORT``), which requires a bearer token
+  unless ``insecure`` is set explicitly; optional TLS on TCP.
 
 The log lines are daemon/common/logs.py's (``configure``); the configuration (``ServeConfig``,
 ``ServeError``, listeners) is daemon/server/serve_config.py.
@@ -38,7 +40,7 @@ from grpc_reflection.v1alpha import reflection
 
 from ..common.config import default_socket_path
 from .auth import BearerTokenInterceptor
-from .datadir import DataDirLock, owner_only
+from .datadir import DataDirLock, owner_only, write_private
 from .loop_server import LoopServer
 from .serve_config import Listener, ServeConfig, ServeError, parse_listen
 from .startup import check_draft_vocabulary, preflight, preload_generator
@@ -70,12 +72,20 @@ def _load_extra(spec: str) -> Callable[[grpc.Server, Any], list[str] | None] | N
     return fn
 
 
-def build_server(engine: Any, cfg: ServeConfig) -> tuple[LoopServer, list[Listener]]:
-    """Create the server, register every service and bind the listeners (not started)."""
-
-    listeners = [parse_listen(s) for s in cfg.listen] or [
+def _listeners(cfg: ServeConfig) -> list[Listener]:
+    return [parse_listen(s) for s in cfg.listen] or [
         Listener("unix", str(default_socket_path(cfg.data_dir)))
     ]
+
+
+def build_server(engine: Any, cfg: ServeConfig,
+                 claimed: dict[str, DataDirLock] | None = None,
+                 ) -> tuple[LoopServer, list[Listener]]:
+    """Create the server, register every service and bind the listeners (not started).
+    ``claimed``: Unix socket paths already claimed (``claim_sockets``); the server takes
+    their locks over (``server.socket_locks``)."""
+    listeners = _listeners(cfg)
+    claimed = dict(claimed or {})
     tcp = [lst for lst in listeners if lst.kind == "tcp"]
     token = cfg.auth_token
     if tcp and not token and not cfg.insecure:
@@ -93,17 +103,17 @@ def build_server(engine: Any, cfg: ServeConfig) -> tuple[LoopServer, list[Listen
     server = LoopServer(cfg.max_workers, interceptors, options,
                         maximum_concurrent_rpcs=max(64, cfg.max_workers * 8))
     try:
-        bound = _setup(server, engine, cfg, listeners)
+        bound = _setup(server, engine, cfg, listeners, claimed)
     except BaseException:
         server.stop(0)  # its loop thread and pool too
-        for lock in server.socket_locks:
+        for lock in [*server.socket_locks, *claimed.values()]:
             lock.release()
         raise
     return server, bound
 
 
 def _setup(server: LoopServer, engine: Any, cfg: ServeConfig,
-           listeners: list[Listener]) -> list[Listener]:
+           listeners: list[Listener], claimed: dict[str, DataDirLock]) -> list[Listener]:
     """Register every service on ``server`` and bind the listeners."""
     from ..grpc_api import suffixd_service as service
 
@@ -133,20 +143,8 @@ def _setup(server: LoopServer, engine: Any, cfg: ServeConfig,
     for lst in listeners:
         if lst.kind == "unix":
             path = Path(lst.address)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # One daemon per socket path, whatever its data dir (a lock beside the socket,
-            # held while serving); a socket that still answers is never taken over, and
-            # one left by a crashed daemon is removed only when nothing answers.
-            lock = DataDirLock(path.parent, path.with_name(path.name + ".lock"))
-            lock.acquire()
+            lock = claimed.pop(str(path), None) or claim_socket(path)
             server.socket_locks.append(lock)
-            if path.is_socket():
-                if unix_socket_answers(path):
-                    raise ServeError(f"{path} is the socket of a running daemon; refusing to "
-                                     "take it over (stop it or listen elsewhere)")
-                path.unlink()
-            elif path.exists():
-                raise ServeError(f"{path} exists and is not a socket")
             # Create the socket with mode 0600 from the start (no window where it is open).
             old = os.umask(0o177)
             try:
@@ -175,6 +173,44 @@ def _setup(server: LoopServer, engine: Any, cfg: ServeConfig,
             host = lst.address.rpartition(":")[0]
             bound.append(Listener("tcp", f"{host}:{port}"))
     return bound
+
+
+def claim_socket(path: Path) -> DataDirLock:
+    """Take the Unix socket path ``path`` for this daemon: one daemon per socket path,
+    whatever its data dir (a lock beside the socket, held while serving); a socket that
+    still answers is never taken over, and one left by a crashed daemon is removed only
+    when nothing answers. ServeError when another daemon has it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = DataDirLock(path.parent, path.with_name(path.name + ".lock"))
+    lock.acquire()
+    try:
+        if path.is_socket():
+            if unix_socket_answers(path):
+                raise ServeError(f"{path} is the socket of a running daemon; refusing to "
+                                 "take it over (stop it or listen elsewhere)")
+            path.unlink()
+        elif path.exists():
+            raise ServeError(f"{path} exists and is not a socket")
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def claim_sockets(cfg: ServeConfig) -> dict[str, DataDirLock]:
+    """Every Unix socket path the daemon will listen on, claimed (``claim_socket``) by
+    path: before the store opens and the trees rebuild (minutes for a large store), so a
+    daemon that cannot serve there refuses at once and leaves its data dir alone."""
+    claimed: dict[str, DataDirLock] = {}
+    try:
+        for lst in _listeners(cfg):
+            if lst.kind == "unix" and lst.address not in claimed:
+                claimed[lst.address] = claim_socket(Path(lst.address))
+    except BaseException:
+        for lock in claimed.values():
+            lock.release()
+        raise
+    return claimed
 
 
 def unix_socket_answers(path: Path) -> bool:
@@ -234,6 +270,11 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
                     "without a token")
     lock = DataDirLock(cfg.data_dir)
     lock.acquire()
+    try:
+        claimed = claim_sockets(cfg)
+    except BaseException:
+        lock.release()
+        raise
     announce = cfg.data_dir / "daemon.json"
     engine = None
     server = None
@@ -257,7 +298,8 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
         if draft_model:
             check_draft_vocabulary(engine, Path(draft_model))
             engine.draft_model_path = Path(draft_model)  # type: ignore[attr-defined]
-        server, bound = build_server(engine, cfg)
+        server, bound = build_server(engine, cfg, claimed)
+        claimed = {}  # the server holds them now
         socket_locks = server.socket_locks
         stop = threading.Event()
 
@@ -278,14 +320,12 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
                 raise ServeError(str(exc)) from None
         freeze_startup_objects()
         server.start()
-        tmp = announce.with_suffix(".tmp")
-        tmp.write_text(json.dumps({
+        write_private(announce, json.dumps({
             "pid": os.getpid(),
             "listen": [b.target for b in bound],
             "http": f"http://{http.address}/v1" if http is not None else None,
             "started_at": time.time(),
         }))
-        os.replace(tmp, announce)
         log.info(
             "serving",
             extra={"listen": ",".join(b.target for b in bound),
@@ -321,7 +361,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
             if b.kind == "unix":
                 with contextlib.suppress(OSError):
                     Path(b.address).unlink()
-        for socket_lock in socket_locks:
+        for socket_lock in [*socket_locks, *claimed.values()]:
             socket_lock.release()
         lock.release()
         log.info("stopped")
