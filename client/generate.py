@@ -102,4 +102,5 @@ def status_to_dict(r: gpb.GeneratorStatusResponse) -> dict[str, Any]:
         "batch_padding": {int(k): int(v) for k, v in r.batch_padding.items()},
         "draft_model": r.draft_model,
         "batching": json.loads(r.batching) if r.batching else None,
+        "cost_profile_source": r.cost_profile_source,
     }

@@ -23,14 +23,19 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from suffixcache import CostProfile
 
 from ..common.errors import FailedPrecondition, NotFound, ResourceExhausted
+from ..model import extra_weight_buffers
 from .chat import ChatRenderer
+from .cost_store import FILE_NAME as COST_FILE
+from .cost_store import ProfileStore, StoredCosts, profile_key
+from .draft_model import AdaptiveDrafter, DraftModel, draft_seconds_per_token, measure
 from .verifier import Chunk, GenerateParams, Verifier
 
 log = logging.getLogger("suffixd.generate")
@@ -42,10 +47,21 @@ MAX_DRAFT = 64
 # Relative change of a batch size's cost that makes serving's measurement replace the
 # drafter's cost profile (below it: measurement noise).
 PROFILE_DRIFT = 0.15
+# Rounds of the start-up cost measurement (each batch shape keeps its fastest);
+# SUFFIXD_COST_ROUNDS changes it (tests take 1), and the stored profile's key says which.
+COST_ROUNDS = 5
 
 
 class Runtime:
-    """The loaded models and measured costs (created once)."""
+    """The loaded models and their measured costs (created once).
+
+    It serves as soon as the models are loaded. The costs come from the data dir when an
+    earlier start with the same model, settings and CPU measured them
+    (generation/cost_store.py); otherwise generations run with conservative costs (the
+    drafter's CPU default, the verifier's 0.25 per extra row, no padding) while
+    ``measure()`` runs on a thread of its own, and the measurement is used and stored
+    once it ends. Costs change only how long drafts are and how batches are padded,
+    never which tokens are accepted, so this changes no output."""
 
     def __init__(self, engine: Any, phase: Any = lambda what: None) -> None:
         path = getattr(engine, "model_path", None)
@@ -53,38 +69,103 @@ class Runtime:
             raise FailedPrecondition(
                 "the daemon runs without a model (--model none): no generation"
             )
+        t0 = time.monotonic()
         phase("loading model")
         opts = getattr(getattr(engine, "serve_config", None), "extra", None) or {}
+        n_gpu_layers = int(opts.get("n_gpu_layers") or 0)
         self.verifier = Verifier(
             path,
             n_ctx=int(opts.get("ctx_size") or os.environ.get("SUFFIXD_N_CTX", "8192")),
             n_threads=int(opts.get("threads") or os.environ.get("SUFFIXD_THREADS", "2")),
             n_slots=int(opts.get("kv_slots") or 4),
-            n_gpu_layers=int(opts.get("n_gpu_layers") or 0),
+            n_gpu_layers=n_gpu_layers,
         )
         # SUFFIXD_JOINT_DRAFTS=0: shared steps keep every draft as its drafter cut it
         # (the comparison BENCHMARKS.md reports)
         self.verifier.joint_drafts = os.environ.get("SUFFIXD_JOINT_DRAFTS", "1") != "0"
         self.renderer = ChatRenderer(self.verifier)
-        phase("measuring verifier costs")
-        profile = self.verifier.measure_cost_profile()
-        self.cost_profile = {str(k): v for k, v in profile.items()}
-        log.info("verifier cost profile (relative to 1 token): %s", self.cost_profile)
-        # The daemon's own drafter plans for its own verifier from now on: generation
-        # drafts with it and its calibration learns from generation's verdicts (a
-        # separate per-profile drafter would draft without ever learning).
-        engine.drafter.set_cost_profile(CostProfile.from_json(self.cost_profile))
-        self.fallback = None
+        self.engine = engine
+        self.cost_profile: dict[str, float] = {}  # relative to one token; {}: not measured
+        # "stored" (from the data dir), "measuring" (conservative costs until measure()
+        # ends), "measured", "failed"
+        self.profile_source = "measuring"
+        self.fallback: AdaptiveDrafter | None = None
+        self.draft_model: DraftModel | None = None
         draft_path = getattr(engine, "draft_model_path", None) or os.environ.get(
             "SUFFIXD_DRAFT_MODEL"
         )
         if draft_path:
-            from .draft_model import DraftModel, measure
-
             phase("loading draft model")
             self.draft_model = DraftModel(draft_path, self.verifier)
-            self.fallback = measure(self.verifier, self.draft_model)
+        self.rounds = int(os.environ.get("SUFFIXD_COST_ROUNDS") or COST_ROUNDS)
+        self.store = self._store(engine, Path(path), n_gpu_layers, draft_path)
+        self.load_s = time.monotonic() - t0
+        stored, why = self.store.load() if self.store is not None else (None, "no data dir")
+        if stored is not None:
+            self._use(stored)
+            self.profile_source = "stored"
+        else:
+            log.info("verifier costs: none usable in the data dir (%s); serving with "
+                     "conservative costs while measuring them", why)
+
+    def _store(self, engine: Any, model: Path, n_gpu_layers: int,
+               draft_path: Any) -> ProfileStore | None:
+        data_dir = getattr(engine, "data_dir", None)
+        if data_dir is None:
+            return None
+        v = self.verifier
+        try:
+            key = profile_key(model, n_threads=v.n_threads, n_batch=v.n_batch, n_ctx=v.n_ctx,
+                              n_slots=v.n_slots, n_gpu_layers=n_gpu_layers,
+                              extra_buffers=extra_weight_buffers(), rounds=self.rounds,
+                              draft_model=Path(draft_path) if draft_path else None)
+        except OSError as exc:  # the model file went away after loading: measure, keep none
+            log.warning("verifier costs will not be stored: %s", exc)
+            return None
+        return ProfileStore(Path(data_dir) / COST_FILE, key)
+
+    def _use(self, costs: StoredCosts) -> None:
+        """Plan drafts and batches with ``costs`` from now on (steps may be running)."""
+        profile = self.verifier.restore_costs(costs.raw, costs.padded)
+        self.cost_profile = {str(k): v for k, v in profile.items()}
+        # The daemon's own drafter plans for its own verifier from now on: generation
+        # drafts with it and its calibration learns from generation's verdicts (a
+        # separate per-profile drafter would draft without ever learning).
+        self.engine.drafter.set_cost_profile(CostProfile.from_json(self.cost_profile))
+        log.info("verifier cost profile (relative to 1 token): %s", self.cost_profile)
+        if self.draft_model is not None:
+            self.fallback = measure(self.verifier, self.draft_model,
+                                    draft_seconds=costs.draft_seconds_per_token)
             log.info("draft model policy: %s", self.fallback.stats())
+
+    def measure(self) -> None:
+        """Measure the verifier's (and the draft model's) costs, use and store them.
+        Safe while generations run: each timed batch takes the model alone between two
+        steps (StepBatcher.exclusive), so the timings are the model's own; a generation
+        meanwhile waits at most one timed batch per step."""
+        t0 = time.monotonic()
+        try:
+            self.verifier.measure_cost_profile(reps=self.rounds)
+            draft_s = (draft_seconds_per_token(self.verifier, self.draft_model)
+                       if self.draft_model is not None else None)
+            costs = StoredCosts(dict(self.verifier.raw_cost_seconds),
+                                dict(self.verifier.padded_cost_seconds), draft_s)
+            self._use(costs)
+        except Exception:
+            self.profile_source = "failed"
+            log.exception("measuring the verifier's costs failed; serving goes on with "
+                          "conservative costs")
+            return
+        self.profile_source = "measured"
+        stored = ""
+        if self.store is not None:
+            try:
+                self.store.save(costs)
+                stored = str(self.store.path)
+            except OSError as exc:  # a full disk: measured again at the next start
+                log.warning("verifier costs not stored: %s", exc)
+        log.info("verifier costs measured", extra={"seconds": round(time.monotonic() - t0, 1),
+                                                   "stored": stored})
 
 
 @dataclass
@@ -143,22 +224,65 @@ class Generation:
         self._seen: dict[tuple[str, str], list[int]] = {}
         self._seen_lock = threading.Lock()
         self.profile_updates = 0  # times serving's costs replaced the drafter's profile
+        self._ready_lock = threading.Lock()
+        self._on_ready: list[Callable[[], None]] = []
+        # when `suffixd serve` started (daemon/server/serve.py sets it), for the ready line
+        self.started = getattr(engine, "serve_started", None) or time.monotonic()
 
     @property
     def loaded(self) -> Runtime | None:
-        """The runtime if it is loaded (asking must not cost a model load)."""
+        """The runtime if it is loaded: a generation can be served at once (asking must
+        not cost a model load)."""
         return self._runtime
+
+    def when_ready(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once a generation can be served (now if it can already); from the
+        loading thread, so ``fn`` must not block (gRPC health, daemon/server/serve.py)."""
+        with self._ready_lock:
+            if self._runtime is None:
+                self._on_ready.append(fn)
+                return
+        fn()
 
     def runtime(self) -> Runtime:
         with self._load_lock:
-            if self._runtime is None:
+            rt = self._runtime
+            if rt is None:
                 try:
-                    self._runtime = Runtime(self.engine, self._set_phase)
+                    rt = Runtime(self.engine, self._set_phase)
                 except Exception as exc:
                     self._set_phase(f"failed: {exc}")
                     raise
+                with self._ready_lock:
+                    self._runtime = rt
+                    ready, self._on_ready = self._on_ready, []
                 self._set_phase("")
-            return self._runtime
+                log.info("generation ready", extra={
+                    "since_start_s": round(time.monotonic() - self.started, 1),
+                    "load_s": round(rt.load_s, 1), "cost_profile": rt.profile_source})
+                for fn in ready:
+                    try:
+                        fn()
+                    except Exception:  # a health flag not set must not fail the load
+                        log.exception("a readiness callback failed")
+                if rt.profile_source == "measuring":
+                    threading.Thread(target=rt.measure, name="suffixd-cost-measure",
+                                     daemon=True).start()
+            return rt
+
+    def not_ready(self) -> str:
+        """Why no generation can be served yet (for /health), "" once one can."""
+        if self._runtime is not None:
+            return ""
+        if getattr(self.engine, "model_path", None) is None:
+            return "No model (the daemon runs with --model none)"
+        phase = self.phase[0]
+        if phase.startswith("failed"):
+            return f"Model load {phase}"
+        opts = getattr(getattr(self.engine, "serve_config", None), "extra", None) or {}
+        if not phase and opts.get("model_load", "first-use") == "first-use":
+            return "Model not loaded (--model-load first-use: the first generation loads it)"
+        return "Loading model"
 
     def _set_phase(self, what: str) -> None:
         self.phase = (what, time.monotonic())

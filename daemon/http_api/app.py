@@ -203,7 +203,13 @@ class OpenAIFront:
 
     # ------------------------------------------------------------------ routes
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok" if self.generation.loaded else "loading"})
+        """200 once a generation can be served, 503 until then, as llama-server answers
+        (a client that waits for 200 is then not left waiting on a model load)."""
+        why = self.generation.not_ready()
+        if not why:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"error": {"code": 503, "message": why,
+                                       "type": "unavailable_error"}}, status_code=503)
 
     async def models(self, request: Request) -> Response:
         async def go(request: Request) -> Response:
