@@ -138,6 +138,19 @@ class DaemonProcess:
         return self.proc.returncode
 
 
+def wait_costs_measured(client: Any, timeout: float = 900.0) -> dict[str, Any]:
+    """The generator's status once its verifier costs are measured (or were stored): after
+    the model loads, generation is served at once and the costs are measured on a thread
+    of their own (daemon/generation/pipeline.py, Runtime). The model must be loading or
+    loaded (a generate, or --model-load startup)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st: dict[str, Any] = client.generator_status()
+        if st["cost_profile_source"] not in ("", "measuring") or time.monotonic() > deadline:
+            return st
+        time.sleep(0.2)
+
+
 @pytest.fixture
 def daemon_factory(tmp_path: Path) -> Iterator[Any]:
     started: list[DaemonProcess] = []

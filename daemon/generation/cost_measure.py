@@ -94,6 +94,7 @@ class _Host(Protocol):
     n_ctx: int
     vocab_size: int
     cost_seconds: dict[int, float]
+    costs_distorted: bool
     raw_cost_seconds: dict[int, float]
     padded_cost_seconds: dict[tuple[int, int], float]
     _pad_to: dict[int, int]
@@ -124,6 +125,8 @@ class CostMeasurement:
         # seconds of a j-token batch with logits for its first k rows, keyed (k, j)
         self.padded_cost_seconds: dict[tuple[int, int], float] = {}
         self._pad_to: dict[int, int] = {}
+        # The last measurement looked distorted by machine load (see measure_cost_profile).
+        self.costs_distorted = False
         # What verification steps cost while serving, by tokens verified (draft + 1):
         # an exponential average of seconds and a sample count (see live_cost_profile).
         self._live_s: dict[int, float] = {}
@@ -140,7 +143,8 @@ class CostMeasurement:
         return target - n if n < target <= limit else 0
 
     def measure_cost_profile(
-        self: _Host, ks: Sequence[int] = tuple(range(1, 34)), reps: int = 5
+        self: _Host, ks: Sequence[int] = tuple(range(1, 34)), reps: int = 5,
+        max_rounds: int = MAX_PROFILE_ROUNDS,
     ) -> dict[int, float]:
         """Time one verification batch of k tokens (logits for every row) relative to k = 1,
         and each k padded to the next multiple of 4 (logits for its k rows).
@@ -178,7 +182,7 @@ class CostMeasurement:
             # which inflates small batches most: one such measurement had one token
             # dearer than eight. So while the fastest one-token time is not below every
             # other size's, measure more rounds (up to a cap).
-            while rounds < reps or (rounds < MAX_PROFILE_ROUNDS and not _plausible(samples)):
+            while rounds < reps or (rounds < max_rounds and not _plausible(samples)):
                 rounds += 1
                 for k, j in shapes:
                     self._give_way()
@@ -196,7 +200,9 @@ class CostMeasurement:
         # The fastest of the repetitions: other processes on the machine only ever add
         # time, and a profile inflated by a burst of load makes the drafter too timid.
         raw = {k: float(np.min(v)) for k, v in samples.items()}
-        if not _plausible(samples):
+        best_padded = {s: float(np.min(v)) for s, v in padded.items()}
+        self.costs_distorted = not _plausible(samples)
+        if self.costs_distorted:
             log.warning(
                 "verifier cost profile measured under heavy load (%d rounds, one token "
                 "not the cheapest batch); larger batches are taken to cost at least one token",
@@ -204,9 +210,9 @@ class CostMeasurement:
             )
             floor = raw.get(1, min(raw.values()))
             raw = {k: max(t, floor) for k, t in raw.items()}
+            best_padded = {s: max(t, floor) for s, t in best_padded.items()}
         CostMeasurement.restore_costs(
-            self, {**self.raw_cost_seconds, **raw},
-            {**self.padded_cost_seconds, **{s: float(np.min(v)) for s, v in padded.items()}})
+            self, {**self.raw_cost_seconds, **raw}, {**self.padded_cost_seconds, **best_padded})
         one = self.cost_seconds[min(self.cost_seconds)]
         return {k: round(self.cost_seconds[k] / one, 3) for k in ks}
 

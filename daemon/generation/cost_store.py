@@ -12,7 +12,8 @@ Interface: ``profile_key(...)`` -> the key (a flat dict of strings and numbers);
 ``ProfileStore(path, key)`` with ``load()`` -> ``(StoredCosts | None, why)`` and
 ``save(costs)`` (atomic: a temporary file, fsync, rename; mode 0600);
 ``StoredCosts`` (raw and padded seconds per batch shape, the draft model's seconds
-per token).
+per token, whether machine load distorted the measurement: such a profile is used, and
+measured again while serving, so one busy start does not leave a bad profile for good).
 """
 
 from __future__ import annotations
@@ -99,12 +100,15 @@ class StoredCosts:
     raw: dict[int, float]
     padded: dict[tuple[int, int], float]
     draft_seconds_per_token: float | None = None
+    # measured under heavy load (Verifier.costs_distorted): used, and measured again
+    distorted: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
             "raw": {str(k): v for k, v in sorted(self.raw.items())},
             "padded": [[k, j, v] for (k, j), v in sorted(self.padded.items())],
             "draft_seconds_per_token": self.draft_seconds_per_token,
+            "distorted": self.distorted,
         }
 
     @classmethod
@@ -125,7 +129,7 @@ class StoredCosts:
                 raise ValueError(f"not a padded shape: {k!r}, {j!r}")
             padded[(k, j)] = seconds(v)
         d = data.get("draft_seconds_per_token")
-        return cls(raw, padded, None if d is None else seconds(d))
+        return cls(raw, padded, None if d is None else seconds(d), data.get("distorted") is True)
 
 
 def _differences(stored: Any, key: dict[str, Any]) -> str:

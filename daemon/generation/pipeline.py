@@ -11,7 +11,9 @@ at every step (kind "generated", their commit queued) and the last ones are appe
 the namespace's global tree.
 
 The model is loaded on first use, or in the background at start-up
-(daemon/server/startup.py): a daemon used only for speculate/append never pays for it. The
+(daemon/server/startup.py): a daemon used only for speculate/append never pays for it.
+Generation is ready once it is loaded: the verifier's costs come from the data dir
+(cost_store.py) or are measured while serving (``Runtime``). The
 draft model comes from ``engine.draft_model_path`` or the ``SUFFIXD_DRAFT_MODEL``
 environment variable.
 """
@@ -33,6 +35,7 @@ from suffixcache import CostProfile
 from ..common.errors import FailedPrecondition, NotFound, ResourceExhausted
 from ..model import extra_weight_buffers
 from .chat import ChatRenderer
+from .cost_measure import MAX_PROFILE_ROUNDS
 from .cost_store import FILE_NAME as COST_FILE
 from .cost_store import ProfileStore, StoredCosts, profile_key
 from .draft_model import AdaptiveDrafter, DraftModel, draft_seconds_per_token, measure
@@ -97,13 +100,20 @@ class Runtime:
         if draft_path:
             phase("loading draft model")
             self.draft_model = DraftModel(draft_path, self.verifier)
-        self.rounds = int(os.environ.get("SUFFIXD_COST_ROUNDS") or COST_ROUNDS)
+        rounds = os.environ.get("SUFFIXD_COST_ROUNDS")
+        self.rounds = int(rounds or COST_ROUNDS)
+        self.max_rounds = self.rounds if rounds else MAX_PROFILE_ROUNDS
         self.store = self._store(engine, Path(path), n_gpu_layers, draft_path)
         self.load_s = time.monotonic() - t0
         stored, why = self.store.load() if self.store is not None else (None, "no data dir")
+        # measure() on a thread of its own once serving (Generation.runtime)
+        self.needs_measuring = stored is None or stored.distorted
         if stored is not None:
             self._use(stored)
             self.profile_source = "stored"
+            if stored.distorted:
+                log.info("verifier costs: the stored ones were measured under heavy load; "
+                         "serving with them while measuring again")
         else:
             log.info("verifier costs: none usable in the data dir (%s); serving with "
                      "conservative costs while measuring them", why)
@@ -144,12 +154,14 @@ class Runtime:
         steps (StepBatcher.exclusive), so the timings are the model's own; a generation
         meanwhile waits at most one timed batch per step."""
         t0 = time.monotonic()
+        self.profile_source = "measuring"  # also when a distorted stored one is in use
         try:
-            self.verifier.measure_cost_profile(reps=self.rounds)
-            draft_s = (draft_seconds_per_token(self.verifier, self.draft_model)
+            v = self.verifier
+            v.measure_cost_profile(reps=self.rounds, max_rounds=self.max_rounds)
+            draft_s = (draft_seconds_per_token(v, self.draft_model)
                        if self.draft_model is not None else None)
-            costs = StoredCosts(dict(self.verifier.raw_cost_seconds),
-                                dict(self.verifier.padded_cost_seconds), draft_s)
+            costs = StoredCosts(dict(v.raw_cost_seconds), dict(v.padded_cost_seconds),
+                                draft_s, v.costs_distorted)
             self._use(costs)
         except Exception:
             self.profile_source = "failed"
@@ -165,7 +177,8 @@ class Runtime:
             except OSError as exc:  # a full disk: measured again at the next start
                 log.warning("verifier costs not stored: %s", exc)
         log.info("verifier costs measured", extra={"seconds": round(time.monotonic() - t0, 1),
-                                                   "stored": stored})
+                                                   "stored": stored,
+                                                   "distorted": costs.distorted})
 
 
 @dataclass
@@ -265,7 +278,7 @@ class Generation:
                         fn()
                     except Exception:  # a health flag not set must not fail the load
                         log.exception("a readiness callback failed")
-                if rt.profile_source == "measuring":
+                if rt.needs_measuring:
                     threading.Thread(target=rt.measure, name="suffixd-cost-measure",
                                      daemon=True).start()
             return rt
