@@ -150,9 +150,14 @@ class Runtime:
 
     def measure(self) -> None:
         """Measure the verifier's (and the draft model's) costs, use and store them.
+
         Safe while generations run: each timed batch takes the model alone between two
-        steps (StepBatcher.exclusive), so the timings are the model's own; a generation
-        meanwhile waits at most one timed batch per step."""
+        steps (StepBatcher.exclusive), so the timings are the model's own, and first
+        gives active generations up to MEASURE_YIELD_S to step (StepBatcher.wait_idle),
+        so it runs in the gaps between requests and costs a continuous one a timed
+        batch per quarter second. Its scratch KV slot is held throughout: with every
+        ``--kv-slots`` slot busy it waits for one, and meanwhile one session fewer keeps
+        its KV (the least recently used idle one gives its slot up, as for any session)."""
         t0 = time.monotonic()
         self.profile_source = "measuring"  # also when a distorted stored one is in use
         try:
