@@ -39,7 +39,7 @@ def test_the_key_names_what_the_costs_depend_on(model: Path) -> None:
     k = key(model)
     assert k == key(model)  # the same settings, the same key
     assert k["model"]["path"] == str(model.resolve()) and k["model"]["size"] == 104
-    assert k["cpu"] and k["cpu_count"] >= 1 and k["cores_allowed"] >= 1
+    assert k["cpu"] and k["cpu_count"] >= 1 and k["cores_allowed"] >= 1 and "cpu_flags" in k
     assert k["llama_cpp_python"] and k["draft_model"] is None
     for change in ({"n_threads": 4}, {"n_batch": 256}, {"n_ctx": 512}, {"n_slots": 8},
                    {"n_gpu_layers": 99}, {"extra_buffers": True}, {"rounds": 1},

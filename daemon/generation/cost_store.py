@@ -19,6 +19,7 @@ measured again while serving, so one busy start does not leave a bad profile for
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -33,13 +34,20 @@ FILE_NAME = "cost_profile.json"
 FORMAT = 1
 
 
-def cpu_name() -> str:
-    """The CPU model as the kernel names it (costs differ between CPUs of one arch)."""
+def cpu_identity() -> tuple[str, str]:
+    """The CPU model as the kernel names it, and a digest of its feature flags: costs
+    differ between CPUs of one arch, and a VM's CPU may be named only "Intel Xeon
+    Processor" whatever it is (the flags say whether AVX-512 or AMX kernels run)."""
+    name, flags = "", ""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.lower().startswith(("model name", "cpu model", "hardware")):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+            field, _, value = line.partition(":")
+            field = field.strip().lower()
+            if not name and field in ("model name", "cpu model", "hardware"):
+                name = value.strip()
+            elif not flags and field in ("flags", "features"):
+                flags = hashlib.sha256(" ".join(sorted(value.split())).encode()).hexdigest()[:16]
+    return name or platform.processor() or platform.machine(), flags
 
 
 def _file_identity(path: Path) -> dict[str, Any]:
@@ -71,6 +79,7 @@ def profile_key(
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 0
+    cpu, flags = cpu_identity()
     key: dict[str, Any] = {
         "format": FORMAT,
         "model": _file_identity(model),
@@ -81,7 +90,8 @@ def profile_key(
         "n_gpu_layers": n_gpu_layers,
         "extra_buffers": extra_buffers,
         "rounds": rounds,
-        "cpu": cpu_name(),
+        "cpu": cpu,
+        "cpu_flags": flags,
         "cpu_count": os.cpu_count() or 0,
         "cores_allowed": cores,
         "machine": platform.machine(),
