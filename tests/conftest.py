@@ -52,8 +52,11 @@ class DaemonProcess:
         self.data_dir = Path(data_dir)
         self.args = list(args)
         # Test daemons load the verifier on first generate, not at start-up: most never
-        # generate, and a background load would cost each ~20 s of CPU.
-        self.env = {"SUFFIXD_MODEL_LOAD": "first-use", **os.environ, **(env or {})}
+        # generate, and a background load would cost each ~20 s of CPU. Their cost
+        # measurement (while serving) takes one round, not five: a tenth of the CPU on a
+        # machine the tests share.
+        self.env = {"SUFFIXD_MODEL_LOAD": "first-use", "SUFFIXD_COST_ROUNDS": "1",
+                    **os.environ, **(env or {})}
         self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.listen: list[str] = []
