@@ -10,6 +10,8 @@ lossless greedy output, exact sampling and the counters are the same.
   carries ``usage`` (with ``prompt_tokens_details.cached_tokens``: prompt tokens reused
   from the session's KV cache) and a ``suffixd`` object (namespace, session, whether the
   session was found, draft counts by source), which OpenAI clients ignore.
+* ``GET /health``: 200 ``{"status": "ok"}`` once a generation can be served, 503 with
+  llama-server's body (``"message": "Loading model"``) until then.
 * Sessions: ``X-Suffixd-Namespace`` and ``X-Suffixd-Session`` name them. A chat request
   without a session header is matched to the conversation it continues by
   daemon/http_api/session_finder.py; a completion request without one is a one-off (it still
