@@ -7,11 +7,12 @@
   finish (grace period), then closes the engine (counters flushed, LMDB closed cleanly).
 * ``build_server(engine, cfg)``: one LoopServer (daemon/server/loop_server.py: a ``grpc.aio``
   server on an event loop of its own thread) with suffixd.v1.Suffixd, the standard health
-  service, server reflection and the extra services listed in EXTRA_SERVICES (one line
-  per daemon module), bound to the listeners: a Unix socket (default
-  ``<data dir>/suffixd.sock``, mode 0600, one daemon per socket path) and/or TCP
-  (``HOST:PORT``), which requires a bearer token unless ``insecure`` is set explicitly;
-  optional TLS on TCP.
+  service (everything SERVING but suffixd.v1.Generator, which is NOT_SERVING until a
+  generation can be served: ``Generation.when_ready``), server reflection and the extra
+  services listed in EXTRA_SERVICES (one line per daemon module), bound to the
+  listeners: a Unix socket (default ``<data dir>/suffixd.sock``, mode 0600, one daemon
+  per socket path) and/or TCP (``HOST:PORT``), which requires a bearer token unless
+  ``insecure`` is set explicitly; optional TLS on TCP.
 
 The log lines are daemon/common/logs.py's (``configure``); the configuration (``ServeConfig``,
 ``ServeError``, listeners) is daemon/server/serve_config.py.
