@@ -259,7 +259,9 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
             try:
                 client = Client(target)
                 client.wait_ready()
-                while not client.generator_status().get("loaded"):
+                # loaded, and its costs measured (or stored): a measurement running beside the
+                # benchmark would slow both
+                while client.generator_status()["cost_profile_source"] in ("", "measuring"):
                     if proc.poll() is not None:
                         raise click.ClickException(f"the daemon exited ({proc.returncode})")
                     time.sleep(0.5)

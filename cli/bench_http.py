@@ -88,7 +88,9 @@ def http_bench(workload: Path, sessions: int, max_tokens: int, model: str | None
     try:
         client = Client(target)
         client.wait_ready()
-        while not client.generator_status().get("loaded"):
+        # loaded, and its costs measured (or stored): a measurement running beside the
+        # benchmark would slow both
+        while client.generator_status()["cost_profile_source"] in ("", "measuring"):
             time.sleep(0.5)
         oai = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=600)
         for n, (session, msgs) in enumerate(todo):

@@ -56,7 +56,7 @@ def save_history(path: Path, messages: list[dict[str, str]]) -> None:
 
 class LoadProgress:
     """Says what the daemon is doing while the first generate waits for the model to load
-    and its costs to be measured (polls GeneratorStatus until the first chunk arrives)."""
+    (polls GeneratorStatus until the first chunk arrives)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -80,7 +80,7 @@ class LoadProgress:
     def _show(self, st: dict[str, Any], first: bool = False) -> None:
         phase = st["phase"] or "loading model"
         line = (f"suffixd: {phase}, {st['phase_seconds']:.0f} s ... "
-                "(first use after start-up: ~20 s)")
+                "(first use after start-up: the model load, seconds)")
         if self.tty:
             sys.stderr.write("\r\x1b[K" + line)
         elif first or phase != self._last:

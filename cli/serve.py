@@ -30,8 +30,9 @@ import click
                    "nothing (used only while measured to beat plain decoding).")
 @click.option("--model-load", type=click.Choice(["startup", "first-use"]), default="startup",
               show_default=True, envvar="SUFFIXD_MODEL_LOAD", show_envvar=True,
-              help="Load the verifier and measure its costs in the background once serving "
-                   "(~20 s of CPU on 2 cores), or on the first generate.")
+              help="Load the verifier in the background once serving, or on the first "
+                   "generate; generation is ready when it is loaded (its costs come from "
+                   "<data dir>/cost_profile.json, or are measured while serving).")
 @click.option("--ctx-size", type=click.IntRange(min=64), default=8192, show_default=True,
               envvar="SUFFIXD_N_CTX", show_envvar=True,
               help="Context of each generating session, in tokens (capped at the model's "

@@ -155,6 +155,11 @@ def _generator_lines(g: Mapping[str, Any]) -> list[str]:
         return [f"verifier {g['model']}  (not loaded yet: it loads on the first generate)", ""]
     costs = "  ".join(f"{k}:{c:.2f}" for k, c in sorted(g["cost_profile"].items())
                       if k in (1, 2, 4, 8, 16, 32))
+    source = g.get("cost_profile_source") or ""
+    if source == "measuring" or not costs:
+        costs = "being measured (conservative costs until then)"
+    elif source:
+        costs += f"  ({source})"
     out = [f"verifier {g['model']}", f"  cost of verifying k tokens (x one token): {costs}"]
     if g["batch_padding"]:
         out.append("  padded batches: " + "  ".join(
@@ -318,6 +323,7 @@ def _generator_status(client: Any) -> dict[str, Any] | None:
         "draft_model": json.loads(r.draft_model) if r.draft_model else None,
         "batching": json.loads(r.batching) if r.batching else None,
         "prompt_cache": json.loads(r.prompt_cache) if r.prompt_cache else None,
+        "cost_profile_source": r.cost_profile_source,
     }
 
 

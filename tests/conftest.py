@@ -52,8 +52,11 @@ class DaemonProcess:
         self.data_dir = Path(data_dir)
         self.args = list(args)
         # Test daemons load the verifier on first generate, not at start-up: most never
-        # generate, and a background load would cost each ~20 s of CPU.
-        self.env = {"SUFFIXD_MODEL_LOAD": "first-use", **os.environ, **(env or {})}
+        # generate, and a background load would cost each ~20 s of CPU. Their cost
+        # measurement (while serving) takes one round, not five: a tenth of the CPU on a
+        # machine the tests share.
+        self.env = {"SUFFIXD_MODEL_LOAD": "first-use", "SUFFIXD_COST_ROUNDS": "1",
+                    **os.environ, **(env or {})}
         self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.listen: list[str] = []
@@ -136,6 +139,19 @@ class DaemonProcess:
         with contextlib.suppress(Exception):
             self._log.close()
         return self.proc.returncode
+
+
+def wait_costs_measured(client: Any, timeout: float = 900.0) -> dict[str, Any]:
+    """The generator's status once its verifier costs are measured (or were stored): after
+    the model loads, generation is served at once and the costs are measured on a thread
+    of their own (daemon/generation/pipeline.py, Runtime). The model must be loading or
+    loaded (a generate, or --model-load startup)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st: dict[str, Any] = client.generator_status()
+        if st["cost_profile_source"] not in ("", "measuring") or time.monotonic() > deadline:
+            return st
+        time.sleep(0.2)
 
 
 @pytest.fixture

@@ -254,7 +254,12 @@ def test_speculate_is_served_while_a_generate_runs(gen_daemon: Any) -> None:
 
 
 def test_stats_shows_the_verifier(gen_daemon: Any) -> None:
+    from tests.conftest import wait_costs_measured
+
     collect(gen_daemon.generate(None, prompt="SELECT", max_tokens=2, namespace="st"))
+    # generation is served at once; the costs are measured meanwhile, on a thread of
+    # their own (or were stored by an earlier start)
+    assert wait_costs_measured(gen_daemon)["cost_profile_source"] in ("measured", "stored")
 
     def stats(*extra: str) -> str:
         out = subprocess.run(

@@ -15,6 +15,8 @@ import openai
 import pytest
 from suffixd.daemon.http_api.session_finder import SessionFinder
 
+from tests.conftest import wait_costs_measured
+
 SYSTEM = "You translate questions into SQL. Schema: singer(id, name, age, country)."
 
 
@@ -125,6 +127,12 @@ def test_sampling_is_seeded(http_daemon: Any) -> None:
     msgs = [{"role": "user", "content": "Write a SQL query about singers."}]
     kw: dict[str, Any] = dict(model="default", messages=msgs, max_tokens=12, temperature=0.9,
                               seed=7)
+    # Both runs under one cost profile (the daemon measures it while serving): it decides
+    # how batches are padded, and llama.cpp's logits differ in their last bits between
+    # batch shapes, enough to flip a near-tied sample.
+    http_daemon.oai.completions.create(model="default", prompt="SELECT", max_tokens=1,
+                                       extra_headers=ns_headers("seeded-load"))
+    wait_costs_measured(http_daemon)
     # The second namespace's session starts cold and the daemon has learnt from the first
     # run: the drafts differ, the text must not (one uniform per emitted token).
     a, b = (http_daemon.oai.chat.completions.create(**kw, extra_headers=ns_headers(ns))

@@ -12,9 +12,16 @@ from suffixd.daemon.model import embedded_model_path
 
 
 def test_draft_model_with_the_targets_vocabulary_is_accepted(daemon_factory: Any) -> None:
+    from tests.conftest import wait_costs_measured
+
     proc = daemon_factory(args=["--draft-model", str(embedded_model_path())])
     client = proc.client()
     assert client.info()["vocab_size"] > 0
+    # The first generate loads the models and is served at once; the draft-model policy
+    # starts once both models' costs are measured (meanwhile, on a thread of their own).
+    for _ in client.generate(None, prompt="Once", max_tokens=1, namespace="load"):
+        pass
+    assert wait_costs_measured(client)["cost_profile_source"] == "measured"
     # a prompt with nothing in the trees: the draft-model policy decides, and says so
     for _ in client.generate(None, prompt="Once upon a time", max_tokens=8):
         pass

@@ -6,6 +6,7 @@
   ``kv_slots`` (a KV slot per session, prefix reuse, rollback), ``sampling`` (lossless
   speculative sampling), ``cost_measure`` (the batch cost profile), ``certify``
   (greedy equality up to near-ties) and ``grammar`` (constrained decoding);
+* ``cost_store`` (the measured profile kept in the data dir, reused at the next start);
 * ``draft_model`` (the fallback drafter), ``chat`` (chat templates).
 
 It calls the engine through the object it is handed, never importing it.

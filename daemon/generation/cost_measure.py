@@ -17,6 +17,7 @@ Interface:
     the profile relative to one token;
   - ``_observe_cost(n, seconds)``: one verification step of ``n`` tokens while serving
     (called by the step loop, once per step);
+  - ``restore_costs(raw, padded)``: the same state from a stored measurement;
   - ``live_cost_profile(min_samples)``: the profile as serving measures it;
   - ``_padding(n, limit)`` and ``batch_padding``: the padding plan.
 """
@@ -93,6 +94,7 @@ class _Host(Protocol):
     n_ctx: int
     vocab_size: int
     cost_seconds: dict[int, float]
+    costs_distorted: bool
     raw_cost_seconds: dict[int, float]
     padded_cost_seconds: dict[tuple[int, int], float]
     _pad_to: dict[int, int]
@@ -108,6 +110,7 @@ class _Host(Protocol):
     def _acquire_slot(self, key: str) -> Slot: ...
     def _release_slot(self, slot: Slot) -> None: ...
     def _make_room(self, slot: Slot, needed: int) -> None: ...
+    def _give_way(self) -> None: ...
     def forget(self, session_key: str) -> None: ...
 
 
@@ -122,6 +125,8 @@ class CostMeasurement:
         # seconds of a j-token batch with logits for its first k rows, keyed (k, j)
         self.padded_cost_seconds: dict[tuple[int, int], float] = {}
         self._pad_to: dict[int, int] = {}
+        # The last measurement looked distorted by machine load (see measure_cost_profile).
+        self.costs_distorted = False
         # What verification steps cost while serving, by tokens verified (draft + 1):
         # an exponential average of seconds and a sample count (see live_cost_profile).
         self._live_s: dict[int, float] = {}
@@ -138,18 +143,20 @@ class CostMeasurement:
         return target - n if n < target <= limit else 0
 
     def measure_cost_profile(
-        self: _Host, ks: Sequence[int] = tuple(range(1, 34)), reps: int = 5
+        self: _Host, ks: Sequence[int] = tuple(range(1, 34)), reps: int = 5,
+        max_rounds: int = MAX_PROFILE_ROUNDS,
     ) -> dict[int, float]:
         """Time one verification batch of k tokens (logits for every row) relative to k = 1,
         and each k padded to the next multiple of 4 (logits for its k rows).
 
         Runs on a scratch slot at a realistic context length, sizes interleaved so
         that a burst of machine load does not hit one size only; each size keeps its
-        fastest repetition. llama.cpp's CPU kernels work in blocks of rows, so some
-        batch sizes cost less than smaller ones (here 8 tokens cost less than 5); a
-        batch is then padded up to the cheaper size, and the returned profile is the
-        cost after padding. It feeds ``suffixcache.CostProfile`` so drafts stay within
-        what pays.
+        fastest repetition (it may run while serving: each timed batch waits a moment
+        for the active generations to pause, ``_give_way``). llama.cpp's CPU kernels
+        work in blocks of rows, so some batch sizes cost less than smaller ones (here 8
+        tokens cost less than 5); a batch is then padded up to the cheaper size, and the
+        returned profile is the cost after padding. It feeds ``suffixcache.CostProfile``
+        so drafts stay within what pays.
         """
         key = "\x00cost-profile"
         ks = sorted({int(k) for k in ks if 1 <= int(k) <= self.n_batch})
@@ -175,9 +182,10 @@ class CostMeasurement:
             # which inflates small batches most: one such measurement had one token
             # dearer than eight. So while the fastest one-token time is not below every
             # other size's, measure more rounds (up to a cap).
-            while rounds < reps or (rounds < MAX_PROFILE_ROUNDS and not _plausible(samples)):
+            while rounds < reps or (rounds < max_rounds and not _plausible(samples)):
                 rounds += 1
                 for k, j in shapes:
+                    self._give_way()
                     with self._turns:
                         t0 = time.perf_counter()
                         self._decode(slot.seq_id, base[1 : j + 1], len(base), all_logits=True,
@@ -192,7 +200,9 @@ class CostMeasurement:
         # The fastest of the repetitions: other processes on the machine only ever add
         # time, and a profile inflated by a burst of load makes the drafter too timid.
         raw = {k: float(np.min(v)) for k, v in samples.items()}
-        if not _plausible(samples):
+        best_padded = {s: float(np.min(v)) for s, v in padded.items()}
+        self.costs_distorted = not _plausible(samples)
+        if self.costs_distorted:
             log.warning(
                 "verifier cost profile measured under heavy load (%d rounds, one token "
                 "not the cheapest batch); larger batches are taken to cost at least one token",
@@ -200,13 +210,27 @@ class CostMeasurement:
             )
             floor = raw.get(1, min(raw.values()))
             raw = {k: max(t, floor) for k, t in raw.items()}
-        self.raw_cost_seconds = {**self.raw_cost_seconds, **raw}
-        self.padded_cost_seconds = {
-            **self.padded_cost_seconds, **{s: float(np.min(v)) for s, v in padded.items()}}
-        self._pad_to, self.cost_seconds = plan_batch_shapes(
-            self.raw_cost_seconds, self.padded_cost_seconds)
+            best_padded = {s: max(t, floor) for s, t in best_padded.items()}
+        CostMeasurement.restore_costs(
+            self, {**self.raw_cost_seconds, **raw}, {**self.padded_cost_seconds, **best_padded})
         one = self.cost_seconds[min(self.cost_seconds)]
         return {k: round(self.cost_seconds[k] / one, 3) for k in ks}
+
+    def restore_costs(
+        self: _Host, raw: dict[int, float], padded: dict[tuple[int, int], float]
+    ) -> dict[int, float]:
+        """Take a measurement made earlier (``raw_cost_seconds``, ``padded_cost_seconds``;
+        the data dir keeps one, generation/cost_store.py): the padding plan is made again
+        from it, and the profile relative to one token is returned."""
+        # Steps on other threads read these while serving: each is replaced whole, never
+        # changed in place (a step planned with the old padding and the new costs only
+        # changes a batch's shape, never which tokens are accepted).
+        pad_to, cost = plan_batch_shapes(raw, padded)
+        self.raw_cost_seconds, self.padded_cost_seconds = dict(raw), dict(padded)
+        self._pad_to = pad_to
+        self.cost_seconds = cost
+        one = cost[min(cost)]
+        return {k: round(v / one, 3) for k, v in sorted(cost.items())}
 
     def _observe_cost(self, n: int, seconds: float) -> None:
         old = self._live_s.get(n)

@@ -208,14 +208,25 @@ class AdaptiveDrafter:
             }
 
 
-def measure(target: Verifier, draft_model: DraftModel, max_tokens: int = 8) -> AdaptiveDrafter:
-    """Measure both models on this machine and build the adaptive drafter."""
+def draft_seconds_per_token(target: Verifier, draft_model: DraftModel) -> float:
+    """Time one drafted token on this machine, the target's steps held off meanwhile
+    (serving may go on: its decodes would share the cores with the timing)."""
+    ctx = [target.bos_token] + [(13 * i + 200) % target.vocab_size for i in range(127)]
+    with target._turns:
+        return draft_model.seconds_per_token(ctx)
+
+
+def measure(target: Verifier, draft_model: DraftModel, max_tokens: int = 8,
+            draft_seconds: float | None = None) -> AdaptiveDrafter:
+    """Measure both models on this machine and build the adaptive drafter;
+    ``draft_seconds``: the draft model's seconds per token measured earlier (the data
+    dir keeps it with the target's costs), else timed now."""
     ks = tuple(range(1, max_tokens + 2))
     if not all(k in target.cost_seconds for k in ks):
         target.measure_cost_profile(ks=ks, reps=3)
     verify_seconds = {k: target.cost_seconds[k] for k in ks}
-    ctx = [target.bos_token] + [(13 * i + 200) % target.vocab_size for i in range(127)]
-    per_token = draft_model.seconds_per_token(ctx)
+    per_token = draft_seconds if draft_seconds is not None \
+        else draft_seconds_per_token(target, draft_model)
     return AdaptiveDrafter(draft_model.draft, verify_seconds, per_token, max_tokens)
 
 

@@ -14,7 +14,9 @@ waits until everything is durable and puts the whole response into the namespace
 global tree.
 
 The model is loaded on first use, or in the background at start-up
-(daemon/server/startup.py): a daemon used only for speculate/append never pays for it. The
+(daemon/server/startup.py): a daemon used only for speculate/append never pays for it.
+Generation is ready once it is loaded: the verifier's costs come from the data dir
+(cost_store.py) or are measured while serving (``Runtime``). The
 draft model comes from ``engine.draft_model_path`` or the ``SUFFIXD_DRAFT_MODEL``
 environment variable.
 """
@@ -26,14 +28,20 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from suffixcache import CostProfile
 
 from ..common.errors import AlreadyExists, FailedPrecondition, NotFound, ResourceExhausted
+from ..model import extra_weight_buffers
 from .chat import ChatRenderer
+from .cost_measure import MAX_PROFILE_ROUNDS
+from .cost_store import FILE_NAME as COST_FILE
+from .cost_store import ProfileStore, StoredCosts, profile_key
+from .draft_model import AdaptiveDrafter, DraftModel, draft_seconds_per_token, measure
 from .verifier import Chunk, GenerateParams, Verifier
 
 log = logging.getLogger("suffixd.generate")
@@ -48,10 +56,21 @@ MAX_DRAFT = 64
 # Relative change of a batch size's cost that makes serving's measurement replace the
 # drafter's cost profile (below it: measurement noise).
 PROFILE_DRIFT = 0.15
+# Rounds of the start-up cost measurement (each batch shape keeps its fastest);
+# SUFFIXD_COST_ROUNDS changes it (tests take 1), and the stored profile's key says which.
+COST_ROUNDS = 5
 
 
 class Runtime:
-    """The loaded models and measured costs (created once)."""
+    """The loaded models and their measured costs (created once).
+
+    It serves as soon as the models are loaded. The costs come from the data dir when an
+    earlier start with the same model, settings and CPU measured them
+    (generation/cost_store.py); otherwise generations run with conservative costs (the
+    drafter's CPU default, the verifier's 0.25 per extra row, no padding) while
+    ``measure()`` runs on a thread of its own, and the measurement is used and stored
+    once it ends. Costs change only how long drafts are and how batches are padded,
+    never which tokens are accepted, so this changes no output."""
 
     def __init__(self, engine: Any, phase: Any = lambda what: None) -> None:
         path = getattr(engine, "model_path", None)
@@ -59,39 +78,119 @@ class Runtime:
             raise FailedPrecondition(
                 "the daemon runs without a model (--model none): no generation"
             )
+        t0 = time.monotonic()
         phase("loading model")
         opts = getattr(getattr(engine, "serve_config", None), "extra", None) or {}
+        n_gpu_layers = int(opts.get("n_gpu_layers") or 0)
         self.verifier = Verifier(
             path,
             n_ctx=int(opts.get("ctx_size") or os.environ.get("SUFFIXD_N_CTX", "8192")),
             n_threads=int(opts.get("threads") or os.environ.get("SUFFIXD_THREADS", "2")),
             n_slots=int(opts.get("kv_slots") or 4),
-            n_gpu_layers=int(opts.get("n_gpu_layers") or 0),
+            n_gpu_layers=n_gpu_layers,
             prompt_cache_mb=int(opts.get("prompt_cache_mb", DEFAULT_PROMPT_CACHE_MB)),
         )
         # SUFFIXD_JOINT_DRAFTS=0: shared steps keep every draft as its drafter cut it
         # (the comparison BENCHMARKS.md reports)
         self.verifier.joint_drafts = os.environ.get("SUFFIXD_JOINT_DRAFTS", "1") != "0"
         self.renderer = ChatRenderer(self.verifier)
-        phase("measuring verifier costs")
-        profile = self.verifier.measure_cost_profile()
-        self.cost_profile = {str(k): v for k, v in profile.items()}
-        log.info("verifier cost profile (relative to 1 token): %s", self.cost_profile)
-        # The daemon's own drafter plans for its own verifier from now on: generation
-        # drafts with it and its calibration learns from generation's verdicts (a
-        # separate per-profile drafter would draft without ever learning).
-        engine.drafter.set_cost_profile(CostProfile.from_json(self.cost_profile))
-        self.fallback = None
+        self.engine = engine
+        self.cost_profile: dict[str, float] = {}  # relative to one token; {}: not measured
+        # "stored" (from the data dir), "measuring" (conservative costs until measure()
+        # ends), "measured", "failed"
+        self.profile_source = "measuring"
+        self.fallback: AdaptiveDrafter | None = None
+        self.draft_model: DraftModel | None = None
         draft_path = getattr(engine, "draft_model_path", None) or os.environ.get(
             "SUFFIXD_DRAFT_MODEL"
         )
         if draft_path:
-            from .draft_model import DraftModel, measure
-
             phase("loading draft model")
             self.draft_model = DraftModel(draft_path, self.verifier)
-            self.fallback = measure(self.verifier, self.draft_model)
+        rounds = os.environ.get("SUFFIXD_COST_ROUNDS")
+        self.rounds = int(rounds or COST_ROUNDS)
+        self.max_rounds = self.rounds if rounds else MAX_PROFILE_ROUNDS
+        self.store = self._store(engine, Path(path), n_gpu_layers, draft_path)
+        self.load_s = time.monotonic() - t0
+        stored, why = self.store.load() if self.store is not None else (None, "no data dir")
+        # measure() on a thread of its own once serving (Generation.runtime)
+        self.needs_measuring = stored is None or stored.distorted
+        if stored is not None:
+            self._use(stored)
+            self.profile_source = "stored"
+            if stored.distorted:
+                log.info("verifier costs: the stored ones were measured under heavy load; "
+                         "serving with them while measuring again")
+        else:
+            log.info("verifier costs: none usable in the data dir (%s); serving with "
+                     "conservative costs while measuring them", why)
+
+    def _store(self, engine: Any, model: Path, n_gpu_layers: int,
+               draft_path: Any) -> ProfileStore | None:
+        data_dir = getattr(engine, "data_dir", None)
+        if data_dir is None:
+            return None
+        v = self.verifier
+        try:
+            key = profile_key(model, n_threads=v.n_threads, n_batch=v.n_batch, n_ctx=v.n_ctx,
+                              n_slots=v.n_slots, n_gpu_layers=n_gpu_layers,
+                              extra_buffers=extra_weight_buffers(), rounds=self.rounds,
+                              draft_model=Path(draft_path) if draft_path else None)
+        except OSError as exc:  # the model file went away after loading: measure, keep none
+            log.warning("verifier costs will not be stored: %s", exc)
+            return None
+        return ProfileStore(Path(data_dir) / COST_FILE, key)
+
+    def _use(self, costs: StoredCosts) -> None:
+        """Plan drafts and batches with ``costs`` from now on (steps may be running)."""
+        profile = self.verifier.restore_costs(costs.raw, costs.padded)
+        self.cost_profile = {str(k): v for k, v in profile.items()}
+        # The daemon's own drafter plans for its own verifier from now on: generation
+        # drafts with it and its calibration learns from generation's verdicts (a
+        # separate per-profile drafter would draft without ever learning).
+        self.engine.drafter.set_cost_profile(CostProfile.from_json(self.cost_profile))
+        log.info("verifier cost profile (relative to 1 token): %s", self.cost_profile)
+        if self.draft_model is not None:
+            self.fallback = measure(self.verifier, self.draft_model,
+                                    draft_seconds=costs.draft_seconds_per_token)
             log.info("draft model policy: %s", self.fallback.stats())
+
+    def measure(self) -> None:
+        """Measure the verifier's (and the draft model's) costs, use and store them.
+
+        Safe while generations run: each timed batch takes the model alone between two
+        steps (StepBatcher.exclusive), so the timings are the model's own, and first
+        gives active generations up to MEASURE_YIELD_S to step (StepBatcher.wait_idle),
+        so it runs in the gaps between requests and costs a continuous one a timed
+        batch per quarter second. Its scratch KV slot is held throughout: with every
+        ``--kv-slots`` slot busy it waits for one, and meanwhile one session fewer keeps
+        its KV (the least recently used idle one gives its slot up, as for any session)."""
+        t0 = time.monotonic()
+        self.profile_source = "measuring"  # also when a distorted stored one is in use
+        try:
+            v = self.verifier
+            v.measure_cost_profile(reps=self.rounds, max_rounds=self.max_rounds)
+            draft_s = (draft_seconds_per_token(v, self.draft_model)
+                       if self.draft_model is not None else None)
+            costs = StoredCosts(dict(v.raw_cost_seconds), dict(v.padded_cost_seconds),
+                                draft_s, v.costs_distorted)
+            self._use(costs)
+        except Exception:
+            self.profile_source = "failed"
+            log.exception("measuring the verifier's costs failed; serving goes on with "
+                          "conservative costs")
+            return
+        self.profile_source = "measured"
+        stored = ""
+        if self.store is not None:
+            try:
+                self.store.save(costs)
+                stored = str(self.store.path)
+            except OSError as exc:  # a full disk: measured again at the next start
+                log.warning("verifier costs not stored: %s", exc)
+        log.info("verifier costs measured", extra={"seconds": round(time.monotonic() - t0, 1),
+                                                   "stored": stored,
+                                                   "distorted": costs.distorted})
 
 
 @dataclass
@@ -150,22 +249,65 @@ class Generation:
         self._seen: dict[tuple[str, str], list[int]] = {}
         self._seen_lock = threading.Lock()
         self.profile_updates = 0  # times serving's costs replaced the drafter's profile
+        self._ready_lock = threading.Lock()
+        self._on_ready: list[Callable[[], None]] = []
+        # when `suffixd serve` started (daemon/server/serve.py sets it), for the ready line
+        self.started = getattr(engine, "serve_started", None) or time.monotonic()
 
     @property
     def loaded(self) -> Runtime | None:
-        """The runtime if it is loaded (asking must not cost a model load)."""
+        """The runtime if it is loaded: a generation can be served at once (asking must
+        not cost a model load)."""
         return self._runtime
+
+    def when_ready(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once a generation can be served (now if it can already); from the
+        loading thread, so ``fn`` must not block (gRPC health, daemon/server/serve.py)."""
+        with self._ready_lock:
+            if self._runtime is None:
+                self._on_ready.append(fn)
+                return
+        fn()
 
     def runtime(self) -> Runtime:
         with self._load_lock:
-            if self._runtime is None:
+            rt = self._runtime
+            if rt is None:
                 try:
-                    self._runtime = Runtime(self.engine, self._set_phase)
+                    rt = Runtime(self.engine, self._set_phase)
                 except Exception as exc:
                     self._set_phase(f"failed: {exc}")
                     raise
+                with self._ready_lock:
+                    self._runtime = rt
+                    ready, self._on_ready = self._on_ready, []
                 self._set_phase("")
-            return self._runtime
+                log.info("generation ready", extra={
+                    "since_start_s": round(time.monotonic() - self.started, 1),
+                    "load_s": round(rt.load_s, 1), "cost_profile": rt.profile_source})
+                for fn in ready:
+                    try:
+                        fn()
+                    except Exception:  # a health flag not set must not fail the load
+                        log.exception("a readiness callback failed")
+                if rt.needs_measuring:
+                    threading.Thread(target=rt.measure, name="suffixd-cost-measure",
+                                     daemon=True).start()
+            return rt
+
+    def not_ready(self) -> str:
+        """Why no generation can be served yet (for /health), "" once one can."""
+        if self._runtime is not None:
+            return ""
+        if getattr(self.engine, "model_path", None) is None:
+            return "No model (the daemon runs with --model none)"
+        phase = self.phase[0]
+        if phase.startswith("failed"):
+            return f"Model load {phase}"
+        opts = getattr(getattr(self.engine, "serve_config", None), "extra", None) or {}
+        if not phase and opts.get("model_load", "first-use") == "first-use":
+            return "Model not loaded (--model-load first-use: the first generation loads it)"
+        return "Loading model"
 
     def _set_phase(self, what: str) -> None:
         self.phase = (what, time.monotonic())

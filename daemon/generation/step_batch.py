@@ -311,6 +311,16 @@ class StepBatcher:
                     self.counters.reading_s += self._free_since - self._decoded_at
                     self._cond.notify_all()
 
+    def wait_idle(self, timeout: float) -> None:
+        """Wait until no generation is active, at most ``timeout`` seconds: a long run of
+        exclusive work (the cost measurement while serving) takes the model in the gaps
+        between generations, or one batch per ``timeout`` during one, instead of taking
+        it before every step (exclusive() goes before waiting steps)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._members and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+
     @contextmanager
     def exclusive(self) -> Iterator[None]:
         """The model alone, between two steps (cost measurement, certification, KV

@@ -54,6 +54,11 @@ from .kv_slots import KvSlots, Slot
 from .sampling import SamplingNoise, race, speculative_sample, target_probs
 from .step_batch import StepBatcher, StepRows
 
+# How long a timed batch of the cost measurement waits for active generations to pause
+# (one timed batch per this many seconds while they do not: ~10-25% of a generation's
+# speed on 2 cores, for the minute or two the measurement then takes).
+MEASURE_YIELD_S = 0.25
+
 
 class DraftLike(Protocol):
     tokens: list[int]
@@ -295,6 +300,11 @@ class Verifier(KvSlots, CostMeasurement, Certification):
 
     def _memory_guard(self) -> AbstractContextManager[None]:
         return self._steps.exclusive()
+
+    def _give_way(self) -> None:
+        """Before each timed batch of the cost measurement: let active generations step
+        (up to MEASURE_YIELD_S), so a measurement while serving slows them little."""
+        self._steps.wait_idle(MEASURE_YIELD_S)
 
     def batch_stats(self) -> dict[str, Any]:
         """How the steps were shared: steps, sequences and rows per step."""

@@ -73,6 +73,7 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
         rt = self.generation.loaded  # not loaded on demand: asking must not cost a load
         if rt is not None:
             out.loaded = True
+            out.cost_profile_source = rt.profile_source
             for k, cost in rt.cost_profile.items():
                 out.cost_profile[int(k)] = cost
             for k, padded in rt.verifier.batch_padding.items():

@@ -10,6 +10,8 @@ lossless greedy output, exact sampling and the counters are the same.
   carries ``usage`` (with ``prompt_tokens_details.cached_tokens``: prompt tokens reused
   from the session's KV cache) and a ``suffixd`` object (namespace, session, whether the
   session was found, draft counts by source), which OpenAI clients ignore.
+* ``GET /health``: 200 ``{"status": "ok"}`` once a generation can be served, 503 with
+  llama-server's body (``"message": "Loading model"``) until then.
 * Sessions: ``X-Suffixd-Namespace`` and ``X-Suffixd-Session`` name them. A chat request
   without a session header is matched to the conversation it continues by
   daemon/http_api/session_finder.py; a completion request without one is a one-off (it still
@@ -232,7 +234,13 @@ class OpenAIFront:
 
     # ------------------------------------------------------------------ routes
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok" if self.generation.loaded else "loading"})
+        """200 once a generation can be served, 503 until then, as llama-server answers
+        (a client that waits for 200 is then not left waiting on a model load)."""
+        why = self.generation.not_ready()
+        if not why:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"error": {"code": 503, "message": why,
+                                       "type": "unavailable_error"}}, status_code=503)
 
     async def models(self, request: Request) -> Response:
         async def go(request: Request) -> Response:

@@ -221,6 +221,14 @@ class LoopServer:
         """Run a coroutine on the server's loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
+    def call_soon(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Schedule a coroutine on the server's loop without waiting for it (from any
+        thread); dropped once the loop is closed."""
+        try:
+            asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except RuntimeError:
+            coro.close()
+
     def call_sync(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a function on the loop's thread (the aio server's methods belong there)."""
 

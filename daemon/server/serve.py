@@ -9,11 +9,13 @@
   finish (grace period), then closes the engine (counters flushed, LMDB closed cleanly).
 * ``build_server(engine, cfg, claimed=None)``: one LoopServer
   (daemon/server/loop_server.py: a ``grpc.aio`` server on an event loop of its own
-  thread) with suffixd.v1.Suffixd, the standard health service, server reflection and
-  the extra services listed in EXTRA_SERVICES (one line per daemon module), bound to
-  the listeners: a Unix socket (default ``<data dir>/suffixd.sock``, mode 0600, one
-  daemon per socket path) and/or TCP (``HOST:PORT``), which requires a bearer token
-  unless ``insecure`` is set explicitly; optional TLS on TCP.
+  thread) with suffixd.v1.Suffixd, the standard health service (everything SERVING
+  but suffixd.v1.Generator, which is NOT_SERVING until a generation can be served:
+  ``Generation.when_ready``), server reflection and the extra services listed in
+  EXTRA_SERVICES (one line per daemon module), bound to the listeners: a Unix socket
+  (default ``<data dir>/suffixd.sock``, mode 0600, one daemon per socket path) and/or
+  TCP (``HOST:PORT``), which requires a bearer token unless ``insecure`` is set
+  explicitly; optional TLS on TCP.
 
 The log lines are daemon/common/logs.py's (``configure``); the configuration (``ServeConfig``,
 ``ServeError``, listeners) is daemon/server/serve_config.py.
@@ -58,6 +60,7 @@ EXTRA_SERVICES: list[str] = [
     "suffixd.daemon.grpc_api.generate_service:register",
 ]
 # ---------------------------------------------------------------------------------------
+GENERATOR_SERVICE = "suffixd.v1.Generator"  # NOT_SERVING in gRPC health until ready
 
 
 def _load_extra(spec: str) -> Callable[[grpc.Server, Any], list[str] | None] | None:
@@ -126,12 +129,24 @@ def _setup(server: LoopServer, engine: Any, cfg: ServeConfig,
 
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    # The Generator is SERVING once a generation can be served (the model loaded; with
+    # --model none never): before, a Generate waits for the load, so a client or load
+    # balancer checking it must not send one yet. The daemon itself ("") and the
+    # draft-cache services serve from the start: they need no model.
+    generation = getattr(engine, "generator", None)
+    gen_ready = generation is not None and generation.loaded is not None
+    serving_ = health_pb2.HealthCheckResponse.SERVING
 
     async def serving() -> None:
         for n in ["", *names]:
-            await health_servicer.set(n, health_pb2.HealthCheckResponse.SERVING)
+            up = n != GENERATOR_SERVICE or gen_ready
+            await health_servicer.set(
+                n, serving_ if up else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     server.call(serving())
+    if generation is not None and GENERATOR_SERVICE in names and not gen_ready:
+        generation.when_ready(
+            lambda: server.call_soon(health_servicer.set(GENERATOR_SERVICE, serving_)))
     server.health_servicer = health_servicer
     # The aio server itself: reflection picks its asyncio servicer from the server's type.
     server.call_sync(reflection.enable_server_reflection,
@@ -261,6 +276,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
 
     from ..engine import Engine
 
+    started = time.monotonic()
     cfg.data_dir = Path(cfg.data_dir).expanduser()
     cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     preflight(cfg)  # seconds before the model loads and the trees rebuild
@@ -292,6 +308,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
         except FileNotFoundError as exc:
             raise ServeError(str(exc)) from None
         engine.serve_config = cfg  # type: ignore[attr-defined]
+        engine.serve_started = started  # type: ignore[attr-defined]  # "generation ready" line
         if cfg.extra.get("fleet"):
             start_fleet(engine, cfg)
         draft_model = cfg.extra.get("draft_model")

@@ -179,8 +179,10 @@ def check_draft_vocabulary(engine: Any, path: Path) -> None:
 
 
 def preload_generator(engine: Any) -> threading.Thread | None:
-    """Load the verifier and measure its costs in the background (first use would
-    otherwise wait ~20 s for it); ``suffixd generate`` shows the progress."""
+    """Load the verifier in the background (first use would otherwise wait for it);
+    generation is ready once it is loaded (its costs come from the data dir, or are
+    measured while serving: daemon/generation/pipeline.py); ``suffixd generate`` shows
+    the progress."""
     generator = getattr(engine, "generator", None)
     if generator is None or getattr(engine, "model_path", None) is None:
         return None
