@@ -66,7 +66,9 @@ def run_prefix(workload: Path, sessions: int, model: str | None, model_path: Pat
         try:
             client = Client(target)
             client.wait_ready()
-            while not client.generator_status().get("loaded"):
+            # loaded, and its costs measured (or stored): a measurement running beside the
+            # benchmark would slow both
+            while client.generator_status()["cost_profile_source"] in ("", "measuring"):
                 if proc.poll() is not None:
                     raise click.ClickException(f"the daemon exited ({proc.returncode})")
                 time.sleep(0.5)
