@@ -7,7 +7,10 @@ without a session header (the daemon opens an automatic session, on a slot that 
 nothing of it); to llama-server as the very prompt tokens the daemon renders on
 ``/completion`` (``cache_prompt``; its host-memory prompt cache ``--cache-ram`` and
 context checkpoints at their defaults), with one slot and with ``-np 4``. ``max_tokens``
-is 1, so a request's wall time is its time to first token. Reported per system: prompt
+is 1, so a request's wall time is its time to first token. ``--system-file`` puts a
+system prompt of one's own in front of every conversation (the recorded traces' system
+prompts are short; agents with many tools carry a thousand tokens and more of them:
+``bench/fixtures/coding_agent_system.md`` is one). Reported per system: prompt
 tokens, the tokens it evaluated (suffixd: prompt - ``cached_tokens``; llama-server:
 ``timings.prompt_n``), time to first token mean and p95, and the total.
 """
@@ -35,9 +38,17 @@ def _row(prompts: list[int], evaluated: list[int], ttft: list[float]) -> dict[st
             "total_s": sum(ttft)}
 
 
+def with_system(msgs: list[dict[str, str]], system: str | None) -> list[dict[str, str]]:
+    """The conversation with ``system`` as its system message (replacing its own)."""
+    if system is None:
+        return msgs
+    rest = [m for m in msgs if m.get("role") != "system"]
+    return [{"role": "system", "content": system}, *rest]
+
+
 def run_prefix(workload: Path, sessions: int, model: str | None, model_path: Path,
                n_ctx: int, threads: int, llama_server: str | None,
-               prompt_cache_mb: int | None) -> dict[str, Any]:
+               prompt_cache_mb: int | None, system: str | None = None) -> dict[str, Any]:
     import openai
 
     from ..client import Client
@@ -46,7 +57,8 @@ def run_prefix(workload: Path, sessions: int, model: str | None, model_path: Pat
     from .bench_http import _start_daemon
     from .llama_server import LlamaServer
 
-    todo = first_turns(load_session_turns(workload, sessions), 1)
+    todo = [(s, with_system(m, system))
+            for s, m in first_turns(load_session_turns(workload, sessions), 1)]
     if not todo:
         raise click.ClickException(f"{workload}: no assistant turns")
     renderer_v = Verifier(model_path, n_ctx=256, n_slots=1, n_threads=1)
@@ -108,6 +120,7 @@ def run_prefix(workload: Path, sessions: int, model: str | None, model_path: Pat
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {"workload": str(workload), "conversations": len(turns), "n_ctx": n_ctx,
+            "system_prompt": "recorded" if system is None else "replaced",
             "threads": threads, "results": results}
 
 
@@ -122,18 +135,22 @@ def run_prefix(workload: Path, sessions: int, model: str | None, model_path: Pat
               help="A llama-server binary to compare with (one slot and -np 4).")
 @click.option("--prompt-cache-mb", type=int, default=None,
               help="suffixd's --prompt-cache-mb (0: the daemon without prompt reuse).")
+@click.option("--system-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="A system prompt for every conversation, in place of the "
+                                 "recorded one.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def prefix_bench(workload: Path, sessions: int, model: str | None, n_ctx: int, threads: int,
                  llama_server: str | None, prompt_cache_mb: int | None,
-                 as_json: bool) -> None:
+                 system_file: Path | None, as_json: bool) -> None:
     """New conversations sharing a system prompt: tokens evaluated, time to first token."""
     import json
 
     from ..daemon.model import resolve_model_path
 
     model_path = resolve_model_path(model)
+    system = system_file.read_text() if system_file is not None else None
     out = run_prefix(workload, sessions, model, model_path, n_ctx, threads, llama_server,
-                     prompt_cache_mb)
+                     prompt_cache_mb, system)
     if as_json:
         click.echo(json.dumps(out))
         return

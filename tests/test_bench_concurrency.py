@@ -147,3 +147,13 @@ def test_cli_rejects_a_bad_concurrency() -> None:
     result = CliRunner().invoke(
         main, ["bench", "agent", __file__, "--concurrency", "0,2"])
     assert result.exit_code != 0 and "positive" in result.output
+
+
+def test_bench_prefix_puts_its_system_prompt_in_front() -> None:
+    from suffixd.cli.bench_prefix import with_system
+
+    msgs = [{"role": "system", "content": "old"}, {"role": "user", "content": "task"}]
+    assert with_system(msgs, None) == msgs
+    assert with_system(msgs, "new") == [{"role": "system", "content": "new"},
+                                        {"role": "user", "content": "task"}]
+    assert with_system(msgs[1:], "new")[0] == {"role": "system", "content": "new"}

@@ -44,8 +44,11 @@ def spider_turns(renderer: ChatRenderer, sessions: int, per_session: int) -> lis
 
 
 def run(v: Verifier, key: str, prompt, params: GenerateParams, propose=None):
+    """A generation in session ``key``; its prompt checkpoints are the session's own (the
+    verifier is shared by the module's tests: one test's prompts must not start another's
+    sessions warm)."""
     toks, gaps, last = [], [], None
-    for c in v.generate(key, prompt, params, propose):
+    for c in v.generate(key, prompt, params, propose, cache_scope=key):
         toks += c.tokens
         gaps += c.gaps
         last = c
