@@ -224,10 +224,9 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
     """Every level, every system, a fresh server each; the figures as one JSON object."""
     import openai
 
-    from ..client import Client
     from ..daemon.generation.chat import ChatRenderer
     from ..daemon.generation.verifier import Verifier
-    from .bench_http import _start_daemon
+    from .bench_http import _start_daemon, wait_measured
     from .llama_server import start_servers
 
     # this process renders what the daemon renders, for llama-server (no decoding here)
@@ -257,15 +256,7 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
             proc, target, base_url = _start_daemon(tmp / f"n{n}" / "data", model, threads,
                                                    n_ctx, kv_slots=n if n > 4 else None)
             try:
-                client = Client(target)
-                client.wait_ready()
-                # loaded, and its costs measured (or stored): a measurement running beside the
-                # benchmark would slow both
-                while client.generator_status()["cost_profile_source"] in ("", "measuring"):
-                    if proc.poll() is not None:
-                        raise click.ClickException(f"the daemon exited ({proc.returncode})")
-                    time.sleep(0.5)
-                client.close()
+                wait_measured(proc, target)
                 oai = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0,
                                     timeout=1800)
 

@@ -59,6 +59,22 @@ def _start_daemon(data_dir: Path, model: str | None, threads: int,
     raise click.ClickException("the daemon did not start within 120 s")
 
 
+def wait_measured(proc: Any, target: str) -> None:
+    """Until the daemon's model is loaded and its costs measured (or stored): a
+    measurement running beside a benchmark would slow both."""
+    from ..client import Client
+
+    client = Client(target)
+    try:
+        client.wait_ready()
+        while client.generator_status()["cost_profile_source"] in ("", "measuring"):
+            if proc.poll() is not None:
+                raise click.ClickException(f"the daemon exited ({proc.returncode})")
+            time.sleep(0.5)
+    finally:
+        client.close()
+
+
 @click.command("http")
 @click.argument("workload", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--sessions", default=3, show_default=True, help="Sessions to replay, whole.")

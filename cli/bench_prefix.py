@@ -51,10 +51,9 @@ def run_prefix(workload: Path, sessions: int, model: str | None, model_path: Pat
                prompt_cache_mb: int | None, system: str | None = None) -> dict[str, Any]:
     import openai
 
-    from ..client import Client
     from ..daemon.generation.chat import ChatRenderer
     from ..daemon.generation.verifier import Verifier
-    from .bench_http import _start_daemon
+    from .bench_http import _start_daemon, wait_measured
     from .llama_server import LlamaServer
 
     todo = [(s, with_system(m, system))
@@ -76,15 +75,7 @@ def run_prefix(workload: Path, sessions: int, model: str | None, model_path: Pat
         proc, target, base_url = _start_daemon(tmp / "data", model, threads, n_ctx,
                                                extra_args=extra)
         try:
-            client = Client(target)
-            client.wait_ready()
-            # loaded, and its costs measured (or stored): a measurement running beside the
-            # benchmark would slow both
-            while client.generator_status()["cost_profile_source"] in ("", "measuring"):
-                if proc.poll() is not None:
-                    raise click.ClickException(f"the daemon exited ({proc.returncode})")
-                time.sleep(0.5)
-            client.close()
+            wait_measured(proc, target)
             oai = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=1800)
             prompts, evaluated, ttft = [], [], []
             for _, msgs, _ in turns:

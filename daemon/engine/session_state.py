@@ -129,12 +129,7 @@ class SessionRegistry:
             if (ns, sid) in self._sessions:
                 raise AlreadyExists(f"session {sid!r} already exists in namespace {ns!r}")
             n = self._ns_sessions.get(ns, 0)
-            if n >= self.limits.max_sessions_per_namespace:
-                raise ResourceExhausted(
-                    f"namespace {ns!r} has {n} open sessions; the limit is "
-                    f"{self.limits.max_sessions_per_namespace} (--max-sessions): close some "
-                    "first"
-                )
+            self._refuse_past_limit(ns, n)
             self._sessions[(ns, sid)] = sess
             self._ns_sessions[ns] = n + 1
 
@@ -142,6 +137,9 @@ class SessionRegistry:
         """``add``'s limit without adding: whether ``ns`` may open one more session."""
         with self.lock:
             n = self._ns_sessions.get(ns, 0)
+        self._refuse_past_limit(ns, n)
+
+    def _refuse_past_limit(self, ns: str, n: int) -> None:
         if n >= self.limits.max_sessions_per_namespace:
             raise ResourceExhausted(
                 f"namespace {ns!r} has {n} open sessions; the limit is "
