@@ -42,12 +42,15 @@ from .llama_server import llama_server_options
 @click.option("--concurrency", default=None, metavar="N1,N2",
               help="Run N sessions at once through the OpenAI endpoint (and llama-server "
                    "-np N), for each N; a fresh server each.")
+@click.option("--profiles", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="With --concurrency: keep the daemons' measured cost profiles here and "
+                   "reuse them across levels and runs [a folder of this run].")
 @llama_server_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | None, n_ctx: int,
                 threads: int, modes: str, turns_limit: int, concurrency: str | None,
-                llama_server: str | None, spec_types: str | None, ls_flash_attn: str,
-                ls_plain: bool, as_json: bool) -> None:
+                profiles: Path | None, llama_server: str | None, spec_types: str | None,
+                ls_flash_attn: str, ls_plain: bool, as_json: bool) -> None:
     """Replay WORKLOAD's sessions whole, turn by turn, as an agent sends them."""
     from ..daemon.model import resolve_model_path
     from .llama_server import start_servers
@@ -66,7 +69,8 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
         raise click.ClickException(f"{workload}: no assistant turns")
     if levels is not None:
         c_out = run_concurrency(workload, todo, levels, max_tokens, model, model_path, n_ctx,
-                                threads, llama_server, spec_types, ls_flash_attn, ls_plain)
+                                threads, llama_server, spec_types, ls_flash_attn, ls_plain,
+                                profiles)
         if as_json:
             click.echo(json.dumps(c_out))
         else:

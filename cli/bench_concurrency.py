@@ -217,10 +217,37 @@ def _stop(proc: Any) -> None:
         proc.kill()
 
 
+def _profile_copy(profiles: Path, slots: int | None) -> Path:
+    return profiles / f"cost_profile-slots{slots or 'default'}.json"
+
+
+def reuse_profile(profiles: Path, data: Path, slots: int | None) -> Path:
+    """Put the cost profile a daemon of the same slots measured before (this run or an
+    earlier one) into ``data``: each fresh daemon would otherwise spend minutes of the
+    benchmark measuring what the last one measured. The daemon checks the profile's key
+    (model, CPU, threads, context, slots...) and measures again where it differs."""
+    from ..daemon.generation.cost_store import FILE_NAME
+
+    kept = _profile_copy(profiles, slots)
+    if kept.is_file():
+        data.mkdir(parents=True, exist_ok=True, mode=0o700)
+        shutil.copyfile(kept, data / FILE_NAME)
+    return kept
+
+
+def keep_profile(data: Path, kept: Path) -> None:
+    from ..daemon.generation.cost_store import FILE_NAME
+
+    if (data / FILE_NAME).is_file():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(data / FILE_NAME, kept)
+
+
 def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: list[int],
                     max_tokens: int, model: str | None, model_path: Path, n_ctx: int,
                     threads: int, llama_server: str | None, spec_types: str | None,
-                    ls_flash_attn: str, ls_plain: bool) -> dict[str, Any]:
+                    ls_flash_attn: str, ls_plain: bool,
+                    profiles: Path | None = None) -> dict[str, Any]:
     """Every level, every system, a fresh server each; the figures as one JSON object."""
     import openai
 
@@ -242,6 +269,7 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
     results: dict[str, dict[int, dict[str, Any]]] = {}
     texts: dict[int, dict[tuple[str, int], str]] = {}
     tmp = Path(tempfile.mkdtemp(prefix="suffixd-bench-concurrency-"))
+    profiles = profiles or tmp / "profiles"
 
     def measure(system: str, n: int, send: Callable[[str, PlannedTurn], tuple[int, float, str]]
                 ) -> list[TurnResult]:
@@ -253,10 +281,13 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
     try:
         for n in levels:
             (tmp / f"n{n}").mkdir()
-            proc, target, base_url = _start_daemon(tmp / f"n{n}" / "data", model, threads,
-                                                   n_ctx, kv_slots=n if n > 4 else None)
+            slots = n if n > 4 else None
+            data = tmp / f"n{n}" / "data"
+            kept = reuse_profile(profiles, data, slots)
+            proc, target, base_url = _start_daemon(data, model, threads, n_ctx, kv_slots=slots)
             try:
                 wait_measured(proc, target)
+                keep_profile(data, kept)
                 oai = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0,
                                     timeout=1800)
 
