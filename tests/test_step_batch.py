@@ -95,6 +95,23 @@ def test_consecutive_sequences_get_equal_rows_when_room_and_budget_allow(spec, r
             assert r.rows == nxt.rows
 
 
+@settings(max_examples=300, deadline=None)
+@given(requests, st.integers(16, 512), st.floats(0.5, 6.0))
+def test_no_decoding_sequence_waits_past_one_step(spec, n_batch, rate) -> None:
+    """Fairness: while the step's budget holds a row for each, every sequence that handed
+    in a decode is in the step (none waits a step for another's draft or a prompt), and a
+    waiting prompt moves whenever the budget leaves a row."""
+    pending = _build(spec)
+    decodes = [r for r in pending if not r.prompt]
+    prompts = [r for r in pending if r.prompt]
+    budget = n_batch - (min(64, n_batch // 2) if prompts else 0)
+    plan = plan_step(pending, n_batch, cpu_like, rate)
+    if len(decodes) <= budget:
+        assert all(r in plan for r in decodes)
+    if prompts and sum(r.rows for r in plan if not r.prompt) < n_batch:
+        assert any(r.prompt and r.kept >= 1 for r in plan)
+
+
 def _value(reqs: list[StepRows], kept: list[int], cost, rate: float) -> float:
     expected = len(reqs) + sum(sum(r.probs[: k - 1]) for r, k in zip(reqs, kept, strict=True))
     return expected - rate * step_cost(cost, padded_rows(reqs, kept), kept)

@@ -11,8 +11,10 @@ llama.cpp's buffer until the next decode).
 
 Planning a step (pure, unit-tested):
 
-* Token budget: the decoding rows first (arrival order), then prompt chunks fill what
-  is left, so a long new prompt joins the step in pieces instead of stalling the others.
+* Token budget: a row for every decoding sequence's last token, then their drafts
+  (arrival order), then prompt chunks fill what is left, so a long new prompt joins the
+  step in pieces instead of stalling the others, and no sequence waits a step for
+  another's draft.
 * Joint draft lengths: with several decoding sequences, each one's draft is cut to the
   prefix that maximises the step's expected tokens (1 per sequence, plus each draft
   token's calibrated acceptance probability) minus ``rate`` x the step's cost, where
@@ -195,17 +197,14 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
     decodes = [r for r in pending if not r.prompt]
     prompts = [r for r in pending if r.prompt]
     budget = n_batch - (min(PROMPT_RESERVE, n_batch // 2) if prompts else 0)
-    chosen: list[StepRows] = []
-    used = 0
-    for r in decodes:
-        if used >= budget:
-            break
-        most = min(len(r.tokens), r.room, budget - used)
-        if most < 1:
-            continue
-        r.kept = most
-        chosen.append(r)
-        used += most
+    # every decoding sequence's last token first (none waits a step for another's
+    # draft), then the drafts in arrival order with what the budget leaves
+    chosen = [r for r in decodes if r.room >= 1][:max(budget, 1)]
+    used = len(chosen)
+    for r in chosen:
+        draft = min(len(r.tokens), r.room) - 1
+        r.kept = 1 + min(draft, max(0, budget - used))
+        used += r.kept - 1
     if len(chosen) > 1:
         for r, k in zip(chosen, joint_lengths(chosen, cost, rate), strict=True):
             r.kept = min(r.kept, k)
