@@ -243,6 +243,18 @@ def keep_profile(data: Path, kept: Path) -> None:
         shutil.copyfile(data / FILE_NAME, kept)
 
 
+def batching(target: str) -> dict[str, Any] | None:
+    """The daemon's step counters (steps, rows, padding, decode / between / reading
+    seconds): where a level's time went."""
+    from ..client import Client
+
+    client = Client(target)
+    try:
+        return client.generator_status().get("batching")
+    finally:
+        client.close()
+
+
 def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: list[int],
                     max_tokens: int, model: str | None, model_path: Path, n_ctx: int,
                     threads: int, llama_server: str | None, spec_types: str | None,
@@ -305,6 +317,7 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
 
                 flat = measure("suffixd", n, ask)
                 texts[n] = {(r.session, r.index): r.text for r in flat}
+                results["suffixd"][n]["batching"] = batching(target)
             finally:
                 _stop(proc)
             if not llama_server:
@@ -346,6 +359,14 @@ def report(out: dict[str, Any]) -> None:
             click.echo(f"{s:<16} {n:>3} {v['agg_tok_s']:>10.2f} {v['wall_s']:>8.2f} "
                        f"{v['session_wall_s']:>10.2f} {v['turn_s']:>8.3f} "
                        f"{v['turn_p95_s']:>7.3f} {v['decode_tok_s']:>13.2f} {v['turns']:>6}")
+    for n in out["concurrency"]:
+        b = out["results"].get("suffixd", {}).get(str(n), {}).get("batching")
+        if b and b.get("steps"):
+            click.echo(f"N={n}: suffixd steps {b['steps']:,}, {b['sequences'] / b['steps']:.2f} "
+                       f"sequences and {b['rows'] / b['steps']:.1f} rows a step "
+                       f"({b['padding_rows']:,} padding, {b['prompt_rows']:,} prompt); "
+                       f"decode {b['decode_s']:.1f} s, between {b['between_s']:.1f} s, "
+                       f"reading {b['reading_s']:.1f} s")
     for n, best in out["ls_best"].items():
         click.echo(f"N={n}: suffixd / {best} aggregate tok/s: "
                    f"{out['suffixd_vs_ls_best'][n]:.3f}")

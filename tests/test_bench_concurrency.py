@@ -13,10 +13,12 @@ from suffixd.cli.bench_concurrency import (
     aggregate,
     first_turns,
     greedy_same,
+    keep_profile,
     parse_levels,
     plan_sessions,
     ratios,
     replay,
+    reuse_profile,
     run_sessions,
 )
 from suffixd.cli.main import main
@@ -157,3 +159,21 @@ def test_bench_prefix_puts_its_system_prompt_in_front() -> None:
     assert with_system(msgs, "new") == [{"role": "system", "content": "new"},
                                         {"role": "user", "content": "task"}]
     assert with_system(msgs[1:], "new")[0] == {"role": "system", "content": "new"}
+
+
+def test_a_measured_profile_is_reused_by_the_next_daemon_of_the_same_slots(tmp_path) -> None:
+    from suffixd.daemon.generation.cost_store import FILE_NAME
+
+    profiles = tmp_path / "profiles"
+    first = tmp_path / "n1" / "data"
+    kept = reuse_profile(profiles, first, None)
+    assert not (first / FILE_NAME).exists()  # nothing measured yet: the daemon measures
+    first.mkdir(parents=True)
+    (first / FILE_NAME).write_text('{"measured": 1}')
+    keep_profile(first, kept)
+    second = tmp_path / "n4" / "data"
+    reuse_profile(profiles, second, None)
+    assert (second / FILE_NAME).read_text() == '{"measured": 1}'
+    eight = tmp_path / "n8" / "data"
+    reuse_profile(profiles, eight, 8)  # other slots, another key: measured again
+    assert not (eight / FILE_NAME).exists()
