@@ -252,7 +252,11 @@ class Worker(threading.Thread):
                 self.open_session()
                 continue
             op = self.rng.choices(names, weights)[0]
-            getattr(self, f"op_{op}")(self.rng.choice(self.sessions))
+            try:
+                getattr(self, f"op_{op}")(self.rng.choice(self.sessions))
+            except SuffixdError as exc:  # a Tokenize (self.tokens) outside self.call
+                self.tally.record("Tokenize", 0.0, exc.code.name, False)
+                self.tally.sample(f"Tokenize on {self.node}: {exc}")
         self.client.close()
 
     def op_append(self, sid: str) -> None:
@@ -397,7 +401,8 @@ class HttpWorker(threading.Thread):
         except httpx.TimeoutException as exc:
             status, bad = "timeout", False
             self.tally.sample(f"HTTP {what}: timeout {exc!r}")
-        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        except (httpx.HTTPError, json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+            # a broken connection, or a body without the fields every answer has
             status, bad = type(exc).__name__, False
             self.tally.sample(f"HTTP {what}: {exc!r}")
         self.tally.record(f"HTTP {what}", time.perf_counter() - t0, status, bad)
@@ -622,6 +627,21 @@ class Probe(threading.Thread):
             c.close()
 
 
+def tree_sample(node: Node) -> tuple[int, int, int]:
+    """(global tree tokens, their evictions, open sessions) summed over the node's
+    namespaces: whether the budgets are reached, beside the RSS."""
+    c = Client(node.target, retries=0, timeout=60)
+    try:
+        nss = c.stats(top_documents=0)["namespaces"]
+    except SuffixdError:
+        return (-1, -1, -1)
+    finally:
+        c.close()
+    return (sum(int(e["global"].get("tokens", 0)) for e in nss),
+            sum(int(e["global"].get("evictions", 0)) for e in nss),
+            sum(int(e.get("open_sessions", 0)) for e in nss))
+
+
 def percentile(xs: list[float], q: float) -> float:
     if not xs:
         return 0.0
@@ -741,13 +761,19 @@ def soak(args: argparse.Namespace, nodes: list[Node], threads: int) -> dict[str,
         return (round(time.monotonic() - t0), *(round(n.rss()) for n in nodes))
 
     rss = [sample()]
+    trees: dict[str, list[tuple[int, int, int, int]]] = {
+        n.name: [(rss[0][0], *tree_sample(n))] for n in nodes}
     end = t0 + args.minutes * 60
     while time.monotonic() < end:
         time.sleep(min(60.0, max(0.0, end - time.monotonic())))
         rss.append(sample())
+        for n in nodes:
+            trees[n.name].append((rss[-1][0], *tree_sample(n)))
         lag = f"  probes {len(probe.lags)}/{probe.sent} seen" if probe else ""
-        print(f"{rss[-1][0]:>5} s  RSS " + " ".join(
-            f"{n.name} {m} MiB" for n, m in zip(nodes, rss[-1][1:], strict=True))
+        print(f"{rss[-1][0]:>5} s  " + "  ".join(
+            f"{n.name}: RSS {m} MiB, global {trees[n.name][-1][1] / 1e3:.0f}k tokens, "
+            f"{trees[n.name][-1][3]} open sessions"
+            for n, m in zip(nodes, rss[-1][1:], strict=True))
             + f"  served {sum(tally.ok.values()):,}  unexpected "
             f"{sum(tally.unexpected.values())}{lag}  load {os.getloadavg()[0]:.1f}", flush=True)
     load_end = os.getloadavg()
@@ -810,6 +836,7 @@ def soak(args: argparse.Namespace, nodes: list[Node], threads: int) -> dict[str,
         "unexpected_samples": tally.unexpected_samples[:10],
         "in_flight_at_kill": dict(tally.at_kill),
         "rss_mib": {n.name: rss_of(i) for i, n in enumerate(nodes)},
+        "global_tokens_evictions_open_sessions": trees,
         "latency_ms": {rpc: {"n": len(v), "p50": round(1e3 * percentile(v, 0.5), 2),
                              "p99": round(1e3 * percentile(v, 0.99), 2)}
                        for rpc, v in sorted(tally.lat.items())},
