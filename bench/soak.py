@@ -24,8 +24,10 @@ dirs of their own); ``--no-fleet`` starts node a alone. For ``--minutes`` it run
   replication lag, end to end (p50/p99); a probe never drafted within 60 s is a failure.
 
 Sessions rotate (a session is closed, its responses kept, once it holds
-``--session-tokens``) so the global trees fill and their budget (``--global-budget``,
-small so it is reached within minutes) evicts: each node's RSS should then be flat.
+``--session-tokens``; an automatic session of the OpenAI front is closed once its
+namespace holds ``--auto-sessions``) so the global trees fill and their budget
+(``--global-budget``, small so it is reached within minutes) evicts: each node's RSS
+should then be flat. The HTTP clients need httpx (the ``test`` extra).
 
 Every reply that acknowledged an append records the session's acknowledged length. At
 the end both nodes are killed with SIGKILL while the clients are still running, restarted
@@ -109,6 +111,7 @@ class Node:
     data: Path
     log: Path
     args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
     proc: Any = None
     http: str = ""  # the OpenAI base URL, http://HOST:PORT/v1
     acked_probes: list[list[int]] = field(default_factory=list)  # it must draft these
@@ -125,7 +128,7 @@ class Node:
             [sys.executable, "-m", "suffixd.cli.main", "serve", "--data-dir", str(self.data),
              "--http", "127.0.0.1:0", *self.args],
             stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-            env={**os.environ, "SUFFIXD_MODEL_LOAD": "first-use"},
+            env={**os.environ, "SUFFIXD_MODEL_LOAD": "first-use", **self.env},
         )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
@@ -701,6 +704,10 @@ def main() -> None:
                     help="A session is closed (and another opened) past this length.")
     ap.add_argument("--global-budget", type=int, default=300_000,
                     help="The daemons' --global-budget-tokens (per namespace).")
+    ap.add_argument("--auto-sessions", type=int, default=50,
+                    help="Automatic sessions (chat without a session header) a namespace "
+                    "keeps open (the daemons' SUFFIXD_AUTO_SESSIONS_PER_NAMESPACE; small, so "
+                    "the oldest are closed within minutes instead of after their idle hour).")
     ap.add_argument("--no-generate", dest="generate", action="store_false",
                     help="No gRPC Generate (the HTTP clients still generate).")
     ap.add_argument("--data-dir", type=Path, default=None)
@@ -714,7 +721,8 @@ def main() -> None:
     redis = Redis(work) if args.fleet else None
     names = "ab" if args.fleet else "a"
     nodes = [Node(n, work / n / "data", work / n / "daemon.log",
-                  daemon_args + (["--fleet", redis.url, "--node-id", n] if redis else []))
+                  daemon_args + (["--fleet", redis.url, "--node-id", n] if redis else []),
+                  {"SUFFIXD_AUTO_SESSIONS_PER_NAMESPACE": str(args.auto_sessions)})
              for n in names]
     load_start = os.getloadavg()
     try:
