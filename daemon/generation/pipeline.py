@@ -80,6 +80,12 @@ class Runtime:
             )
         t0 = time.monotonic()
         phase("loading model")
+        if os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE":
+            # llama.cpp's OpenMP threads then sleep between a graph's ~800 operations and
+            # are woken for each: a one-token decode of gemma-3-270m on 2 cores took 44 ms
+            # instead of 22, a 4-sequence step 73 instead of 54 (bench/shared_step_cost.py)
+            log.warning("OMP_WAIT_POLICY=PASSIVE: small decodes cost up to 2x; unset it "
+                        "unless the CPU is shared with other busy work")
         opts = getattr(getattr(engine, "serve_config", None), "extra", None) or {}
         n_gpu_layers = int(opts.get("n_gpu_layers") or 0)
         self.verifier = Verifier(
