@@ -45,6 +45,9 @@ def test_the_key_names_what_the_costs_depend_on(model: Path) -> None:
                    {"n_gpu_layers": 99}, {"extra_buffers": True}, {"rounds": 1},
                    {"draft_model": model}):
         assert key(model, **change) != k, change
+    with pytest.MonkeyPatch.context() as mp:  # OpenMP's wait policy: another key
+        mp.setenv("OMP_WAIT_POLICY", "passive")
+        assert key(model) != k and key(model)["omp_wait_policy"] == "PASSIVE"
     # the same path holding another file (re-downloaded, replaced): another key
     st = model.stat()
     os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))

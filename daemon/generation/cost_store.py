@@ -72,7 +72,8 @@ def profile_key(
     """What a measured profile depends on. ``n_ctx`` (per slot) sets the measurement's
     context length when small; ``n_slots`` the context's KV streams; ``extra_buffers``
     and the llama.cpp build which kernels run; the CPU and the cores it may use how fast
-    they run; ``rounds`` how many repetitions the fastest time was taken over."""
+    they run, and OpenMP's wait policy how much each decode pays to wake its threads;
+    ``rounds`` how many repetitions the fastest time was taken over."""
     import llama_cpp
 
     try:
@@ -97,6 +98,9 @@ def profile_key(
         "machine": platform.machine(),
         "llama_cpp_python": str(getattr(llama_cpp, "__version__", "?")),
         "draft_model": _file_identity(draft_model) if draft_model is not None else None,
+        # how llama.cpp's OpenMP threads wait between operations: PASSIVE doubled a
+        # one-token decode on 2 cores (research log, 2026-11-26)
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "").strip().upper(),
     }
     return key
 
