@@ -35,6 +35,26 @@ from .datadir import DataDirLock
 T = TypeVar("T")
 
 
+# How long a stop waits for the loop's last tasks (grpc's per-RPC wrappers that finish
+# after server.stop returns: sending a status, a sync handler's executor future).
+SETTLE_S = 2.0
+
+
+async def _settle_tasks(timeout: float) -> None:
+    """Let the loop's remaining tasks finish, then cancel and await what is left, so that
+    none is still suspended when the loop closes: grpc's RPC wrapper coroutine closed
+    that way logs "Exception not handled by _handle_exceptions ... GeneratorExit" with a
+    traceback after the daemon said it stopped."""
+    me = asyncio.current_task()
+    pending = {t for t in asyncio.all_tasks() if t is not me}
+    if pending:
+        _, pending = await asyncio.wait(pending, timeout=timeout)
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=timeout)
+
+
 class _ThreadAbort(grpc.RpcError):
     """Raised in a pool thread by _ThreadContext.abort; the loop side sends the status."""
 
@@ -269,6 +289,7 @@ class LoopServer:
             try:
                 if self._started:
                     self.call(self.server.stop(grace))
+                    self.call(_settle_tasks(SETTLE_S))
             finally:
                 self.loop.call_soon_threadsafe(self.loop.stop)
                 self._thread.join()
