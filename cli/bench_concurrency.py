@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ..daemon.generation.cost_store import FILE_NAME
 from .bench_generate import fits_side_by_side, p95
 
 S = TypeVar("S")
@@ -226,8 +227,6 @@ def reuse_profile(profiles: Path, data: Path, slots: int | None) -> Path:
     earlier one) into ``data``: each fresh daemon would otherwise spend minutes of the
     benchmark measuring what the last one measured. The daemon checks the profile's key
     (model, CPU, threads, context, slots...) and measures again where it differs."""
-    from ..daemon.generation.cost_store import FILE_NAME
-
     kept = _profile_copy(profiles, slots)
     if kept.is_file():
         data.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -236,8 +235,6 @@ def reuse_profile(profiles: Path, data: Path, slots: int | None) -> Path:
 
 
 def keep_profile(data: Path, kept: Path) -> None:
-    from ..daemon.generation.cost_store import FILE_NAME
-
     if (data / FILE_NAME).is_file():
         kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(data / FILE_NAME, kept)

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from suffixd.daemon.generation.step_batch import (
     PAD_ROW_WEIGHT,
+    PROMPT_RESERVE,
     StepBatcher,
     StepRows,
     joint_lengths,
@@ -104,7 +105,7 @@ def test_no_decoding_sequence_waits_past_one_step(spec, n_batch, rate) -> None:
     pending = _build(spec)
     decodes = [r for r in pending if not r.prompt]
     prompts = [r for r in pending if r.prompt]
-    budget = n_batch - (min(64, n_batch // 2) if prompts else 0)
+    budget = n_batch - (min(PROMPT_RESERVE, n_batch // 2) if prompts else 0)
     plan = plan_step(pending, n_batch, cpu_like, rate)
     if len(decodes) <= budget:
         assert all(r in plan for r in decodes)

@@ -118,9 +118,18 @@ class BatchCounters:
 def step_cost(cost: Callable[[int], float], rows: Sequence[int], outputs: Sequence[int]) -> float:
     """The modelled cost of a step: its verified rows at the profile's cost, its padding
     rows at PAD_ROW_WEIGHT of what they would add as verified rows."""
-    out, total = sum(outputs), sum(rows)
+    return _cost_of(cost, sum(rows), sum(outputs))
+
+
+def _cost_of(cost: Callable[[int], float], total: int, out: int) -> float:
+    """step_cost from the step's row and output totals."""
     base = cost(out) if out else 0.0
     return base + PAD_ROW_WEIGHT * (cost(total) - base) if total > out else base
+
+
+def _padded(kept: int, longest: int, room: int) -> int:
+    """Rows of a request whose run of consecutive ids is padded to ``longest``."""
+    return max(kept, min(longest, room))
 
 
 def _runs(reqs: Sequence[StepRows]) -> list[list[StepRows]]:
@@ -146,7 +155,7 @@ def _pad_plan(reqs: Sequence[StepRows]) -> Callable[[Sequence[int]], list[int]]:
         for run in runs:
             longest = max(kept[i] for i in run)
             for i in run:
-                out[i] = max(kept[i], min(longest, rooms[i]))
+                out[i] = _padded(kept[i], longest, rooms[i])
         return out
 
     return rows
@@ -186,16 +195,14 @@ def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
     rooms = [r.room for r in reqs]
     longest = [max(kept[i] for i in run) for run in runs]
 
-    def rows_of(i: int) -> int:  # as _pad_plan pads it
-        return max(kept[i], min(longest[run_of[i]], rooms[i]))
+    def rows_of(i: int) -> int:
+        return _padded(kept[i], longest[run_of[i]], rooms[i])
 
     outputs = sum(kept)
     total = sum(rows_of(i) for i in range(len(reqs)))
 
     def value(expected: float) -> float:
-        base = cost(outputs)
-        padded = base + PAD_ROW_WEIGHT * (cost(total) - base) if total > outputs else base
-        return expected - rate * padded
+        return expected - rate * _cost_of(cost, total, outputs)
 
     start = list(kept)
     taken: list[int] = []  # the candidates added, in order (their sequences)
