@@ -2,8 +2,8 @@
 
 ``Grammar(verifier, gbnf)`` compiles the grammar with llama.cpp's own grammar sampler
 (``llama_sampler_init_grammar``), so the language it accepts is exactly llama-server's
-for the same grammar; a JSON schema becomes GBNF with llama-cpp-python's
-``json_schema_to_gbnf`` (``grammar_for_schema``), the converter llama.cpp ships too.
+for the same grammar; a JSON schema becomes GBNF as llama-server builds it
+(``schema_grammar.py``: llama.cpp's converter's semantics, within ``GrammarLimits``).
 
 A ``GrammarState`` is the grammar after some generated tokens: ``allows(token)`` (one
 candidate checked, microseconds), ``best_allowed(scores)`` (the best-scored allowed token,
@@ -20,27 +20,35 @@ refuses such a token itself (``GrammarError``) instead of handing it over.
 from __future__ import annotations
 
 import ctypes
-import json
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from .schema_grammar import (
+    DEFAULT_LIMITS,
+    GrammarError,
+    GrammarLimits,
+    SchemaLimitError,
+    schema_to_gbnf,
+)
+
+_log = logging.getLogger(__name__)
 
 # llama_token_data {id: int32, logit: float, p: float}, as numpy sees an array of them.
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
-class GrammarError(ValueError):
-    """A grammar that does not compile, or a token it cannot take."""
+__all__ = ["GrammarError", "SchemaLimitError", "GrammarLimits", "grammar_for_schema",
+           "json_grammar", "Grammar", "GrammarState", "constrained_argmax"]
 
 
-def grammar_for_schema(schema: dict[str, Any]) -> str:
-    """GBNF for the JSON texts that validate against ``schema`` (a JSON-schema object)."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    try:
-        return str(json_schema_to_gbnf(json.dumps(schema)))
-    except Exception as exc:  # the converter raises bare Exceptions on what it lacks
-        raise GrammarError(f"cannot turn the JSON schema into a grammar: {exc}") from exc
+def grammar_for_schema(schema: Mapping[str, Any],
+                       limits: GrammarLimits = DEFAULT_LIMITS) -> str:
+    """GBNF for the JSON texts that validate against ``schema`` (a JSON-schema object),
+    as llama-server builds it; ``SchemaLimitError`` past ``limits``."""
+    return schema_to_gbnf(schema, limits, on_warning=_log.warning)
 
 
 def json_grammar() -> str:

@@ -282,7 +282,8 @@ def _response_schema(fmt: Any) -> dict[str, Any] | None:
         if not isinstance(schema, Mapping):
             raise ApiError(400, "'response_format.json_schema.schema' must be a JSON schema "
                            "object", param="response_format")
-        return dict(schema)
+        # an empty schema means any object, as llama-server reads it
+        return dict(schema) if schema else {"type": "object"}
     raise ApiError(400, "'response_format.type' must be 'text', 'json_object' or "
                    "'json_schema'", param="response_format")
 
