@@ -97,15 +97,10 @@ def test_huge_integer_bounds_are_vacuous_not_garbage() -> None:
         schema_to_gbnf({"type": "integer", "maximum": float("inf")})
 
 
-def test_invalid_regex_is_refused_unsupported_falls_back() -> None:
-    for bad in ("^((((a$", "^a)$", "^*a$", "^[abc$", "^ab\\$"):
+def test_invalid_regex_is_refused() -> None:
+    for bad in ("^((((a$", "^a)$", "^*a$", "^[abc$", "^ab\\"):
         with pytest.raises(GrammarError):
             schema_to_gbnf({"type": "string", "pattern": bad})
-    warnings: list[str] = []
-    # a lookahead is a valid regex with no grammar: any string, as llama.cpp
-    grammar = schema_to_gbnf({"type": "string", "pattern": "^(?=a)a$"}, on_warning=warnings.append)
-    assert "root ::= string" in grammar or 'root ::= "\\"" char* "\\""' in grammar
-    assert warnings
 
 
 def test_recursive_schema_is_served() -> None:
@@ -152,3 +147,32 @@ def test_any_schema_is_a_grammar_or_a_grammar_error_within_bounds(schema: Any) -
         assert len(grammar) <= DEFAULT_LIMITS.max_grammar_bytes
         assert "root ::= " in grammar
     assert time.perf_counter() - start < DEFAULT_LIMITS.max_seconds + 0.2
+
+
+# --------------------------------------------------------------------- patterns: departures
+def _pattern_rules(pattern: str) -> str:
+    return schema_to_gbnf({"type": "string", "pattern": pattern})
+
+
+def test_pattern_shorthands_and_unanchored_patterns_are_kept() -> None:
+    # llama.cpp accepts any string for these (the output can break the pattern)
+    assert "[0-9]" in _pattern_rules("^\\d{4}$")
+    assert "[a-zA-Z0-9_]+" in _pattern_rules("^\\w+$")
+    # a pattern searches: an unanchored side matches anything
+    assert 'root ::= "\\"" (dot* ("abc") dot*) "\\""' in _pattern_rules("abc")
+
+
+def test_patterns_never_write_a_bare_quote_backslash_or_control_character() -> None:
+    # the pattern's characters are written raw inside the JSON string
+    for pattern in ('^a"b$', "^a\\\\b$", "^a\\nb$", '^["]$', "^\\x22$"):
+        with pytest.raises(GrammarError):
+            _pattern_rules(pattern)
+    negated = _pattern_rules("^[^,]+$")
+    assert '[^,"\\\\\\x00-\\x1F\\x7F]+' in negated
+    assert 'dot ::= [^"\\\\\\x00-\\x1F\\x7F]' in _pattern_rules("^a.b$")
+
+
+def test_unsupported_patterns_are_refused_not_widened() -> None:
+    for pattern in ("^(?=a)a$", "^(?<n>a)$", "^\\p{L}$", "^a\\1$"):
+        with pytest.raises(GrammarError, match="not supported"):
+            _pattern_rules(pattern)

@@ -20,7 +20,6 @@ refuses such a token itself (``GrammarError``) instead of handing it over.
 from __future__ import annotations
 
 import ctypes
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,8 +33,6 @@ from .schema_grammar import (
     schema_to_gbnf,
 )
 
-_log = logging.getLogger(__name__)
-
 # llama_token_data {id: int32, logit: float, p: float}, as numpy sees an array of them.
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
@@ -48,7 +45,7 @@ def grammar_for_schema(schema: Mapping[str, Any],
                        limits: GrammarLimits = DEFAULT_LIMITS) -> str:
     """GBNF for the JSON texts that validate against ``schema`` (a JSON-schema object),
     as llama-server builds it; ``SchemaLimitError`` past ``limits``."""
-    return schema_to_gbnf(schema, limits, on_warning=_log.warning)
+    return schema_to_gbnf(schema, limits)
 
 
 def json_grammar() -> str:

@@ -21,10 +21,17 @@ Where this converter departs from llama.cpp, it does so to keep a promise llama.
   bounds admit (an integer in range, or a fraction strictly between two integers in
   range, no exponent), so the output always validates. Integer bounds past what the
   grammar can write (16 digits) are vacuous and dropped; bounds that admit nothing, or
-  are not finite, are refused.
-* **Invalid input is an error, never a crash**: an unsupported regex construct falls back
-  to any string as in llama.cpp (with a warning); an invalid regex (unbalanced
-  parentheses, nothing to repeat, trailing backslash, unterminated class) is refused.
+  are not finite, are refused. A minimum whose digits after the first start with a zero
+  (105, 1000000) is written exactly (llama.cpp's recursion drops the zero and admits 15).
+* **Patterns**: a pattern's characters are written raw inside the JSON string, so the
+  grammar never writes a quote, backslash or control character from one (llama.cpp's dot
+  and negated classes do, which ends the string early); ``\\d``, ``\\w``, ``\\s`` are
+  read, and an unanchored side matches anything (a pattern searches); a construct the
+  grammar cannot express (lookaround, named groups, backreferences, ``\\p{..}``) is
+  refused where llama.cpp accepts any string, and an invalid regex (unbalanced
+  parentheses, nothing to repeat, trailing backslash, unterminated class) is refused too.
+* **allOf** of one schema is that schema; of several, only objects and enums are merged
+  (as llama.cpp does), anything else is refused (llama.cpp writes ``{}`` for it).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -597,7 +604,6 @@ class _Writer:
         self.rules: dict[str, str] = {"space": SPACE_RULE}
         self.resolving: set[str] = set()
         self.errors: list[str] = []
-        self.warnings: list[str] = []
         self.size = len(SPACE_RULE)
 
     def add(self, name: str, rule: str) -> str:
@@ -712,6 +718,22 @@ class _Writer:
         return name
 
     def all_of(self, node: Node, name: str, rule_name: str) -> str:
+        if len(node.children) == 1:
+            # allOf: [X] is X (pydantic's way to annotate a $ref); llama.cpp merges it as
+            # an object, which writes {} for a lone string or integer
+            return self.add(rule_name, self.visit(node.children[0], f"{name}{'-' if name else ''}"
+                                                  "all-of-0"))
+        for child in node.children:
+            target = self.refs.get(child.ref) if child.kind == "ref" else child
+            if target is None or target.kind not in ("object", "enum", "anyOf") or \
+                    target.kind == "anyOf" and any(
+                        (self.refs.get(a.ref) if a.kind == "ref" else a) is None
+                        or (self.refs.get(a.ref) if a.kind == "ref" else a).kind != "object"
+                        for a in target.children):
+                # llama.cpp merges only objects and enums (and ignores the rest, which
+                # breaks the schema): refuse what the merge cannot keep
+                raise GrammarError("allOf of several schemas is supported for objects and "
+                                   "enums only")
         required: set[str] = set()
         props: list[tuple[str, Node, bool]] = []
         enum_counts: dict[str, int] = {}
@@ -854,19 +876,23 @@ class _Writer:
         try:
             return self.pattern_rule(pattern, name)
         except _Unsupported as exc:
+            # llama.cpp accepts any string here, which breaks the schema: refused instead
             self.rules = saved
-            self.warnings.append(f"pattern {pattern} is not supported ({exc}), "
-                                 "accepting any string")
-            return self.add(name, self.primitive("string", PRIMITIVES["string"]))
+            self.errors.append(f"pattern {pattern} is not supported ({exc})")
+            return ""
         except _InvalidPattern as exc:
             self.rules = saved
             self.errors.append(f"Invalid pattern {pattern}: {exc}")
             return ""
 
     def pattern_rule(self, pattern: str, name: str) -> str:
-        if len(pattern) < 2 or pattern[0] != "^" or pattern[-1] != "$":
-            raise _Unsupported("not anchored with '^' and '$'")
-        sub = pattern[1:-1]
+        # JSON Schema patterns search: an unanchored side matches anything there
+        head = pattern.startswith("^")
+        tail = pattern.endswith("$") and not pattern.endswith("\\$") and len(pattern) > int(head)
+        sub = pattern[int(head):len(pattern) - int(tail)]
+        if not (head and tail):
+            sub = (".*" if not head else "") + (f"(?:{sub})" if sub else "") + \
+                (".*" if not tail else "")
         sub_ids: dict[str, str] = {}
         state = {"i": 0, "depth": 0}
         n = len(sub)
@@ -896,7 +922,7 @@ class _Writer:
                 i = state["i"]
                 c = sub[i]
                 if c == ".":
-                    seq.append((self.add("dot", "[^\\x0A\\x0D]"), False))
+                    seq.append((self.add("dot", _DOT), False))
                     state["i"] = i + 1
                 elif c == "(":
                     i += 1
@@ -921,24 +947,36 @@ class _Writer:
                 elif c == "[":
                     chars = "["
                     i += 1
+                    negated = i < n and sub[i] == "^"
                     while i < n and sub[i] != "]":
                         if sub[i] == "\\":
+                            if sub[i:i + 2] in _CLASS_SHORTHANDS:
+                                chars += _CLASS_SHORTHANDS[sub[i:i + 2]]
+                                i += 2
+                                continue
                             k = _escape_length(sub, i)
                             if k == 0:
                                 raise _Unsupported(
                                     f"unsupported escape in character class: {sub[i:i + 2]}")
-                            chars += sub[i:i + k]
+                            chars += _json_safe_escape(sub[i:i + k])
                             i += k
                         else:
+                            if sub[i] in _JSON_UNSAFE:
+                                raise _Unsupported("a quote or control character in a class")
                             chars += sub[i]
                             i += 1
                     if i >= n:
                         raise _InvalidPattern("unterminated character class")
-                    seq.append((chars + "]", False))
+                    # the class is written raw inside a JSON string: a negated one must
+                    # not let the model write a bare quote, backslash or control character
+                    seq.append((chars + (_JSON_UNSAFE_CLASS if negated else "") + "]", False))
                     state["i"] = i + 1
                 elif c == "|":
                     seq.append(("|", False))
                     state["i"] = i + 1
+                elif sub[i:i + 2] in _SHORTHANDS:
+                    seq.append((_SHORTHANDS[sub[i:i + 2]], False))
+                    state["i"] = i + 2
                 elif c in "*+?":
                     if not seq:
                         raise _InvalidPattern("nothing to repeat")
@@ -975,6 +1013,8 @@ class _Writer:
                             if i == n - 1:
                                 raise _InvalidPattern("trailing backslash")
                             nxt = sub[i + 1]
+                            if sub[i:i + 2] in _SHORTHANDS:
+                                break  # \d and friends are classes: the next round's
                             if nxt in _ESCAPED_IN_REGEX_ONLY:
                                 literal += nxt
                                 i += 2
@@ -982,11 +1022,11 @@ class _Writer:
                                 k = _escape_length(sub, i)
                                 if k == 0:
                                     raise _Unsupported(f"unsupported escape: {sub[i:i + 2]}")
-                                literal += sub[i:i + k]
+                                literal += _json_safe_escape(sub[i:i + k])
                                 i += k
-                        elif ch == '"':
-                            literal += '\\"'
-                            i += 1
+                        elif ch in _JSON_UNSAFE:
+                            raise _Unsupported("a quote or control character (JSON escapes "
+                                               "are not written by the grammar)")
                         elif ch not in _NON_LITERAL and (
                                 i == n - 1 or not literal or sub[i + 1] == "."
                                 or sub[i + 1] not in _NON_LITERAL):
@@ -1007,6 +1047,30 @@ class _Writer:
 
     def text(self) -> str:
         return "".join(f"{k} ::= {v}\n" for k, v in sorted(self.rules.items()))
+
+
+# A regex's characters are written raw inside the JSON string: a quote, a backslash or a
+# control character there would end or break the string, so the grammar never writes one
+# from a pattern (llama.cpp does).
+_JSON_UNSAFE = frozenset('"\\') | frozenset(chr(c) for c in range(0x20)) | {"\x7f"}
+_JSON_UNSAFE_CLASS = '"\\\\\\x00-\\x1F\\x7F'
+_DOT = '[^"\\\\\\x00-\\x1F\\x7F]'
+# regex shorthands llama.cpp does not read (it accepts any string instead)
+_SHORTHANDS = {"\\d": "[0-9]", "\\w": "[a-zA-Z0-9_]", "\\s": "[ ]",
+               "\\D": "[^0-9" + _JSON_UNSAFE_CLASS + "]",
+               "\\W": "[^a-zA-Z0-9_" + _JSON_UNSAFE_CLASS + "]",
+               "\\S": "[^ \\t\\n\\r" + _JSON_UNSAFE_CLASS + "]"}
+_CLASS_SHORTHANDS = {"\\d": "0-9", "\\w": "a-zA-Z0-9_", "\\s": " "}
+
+
+def _json_safe_escape(escape: str) -> str:
+    """A GBNF escape from a pattern, refused where it names a character the JSON string
+    cannot hold raw (a quote, a backslash, a control character)."""
+    if escape in ('\\"', "\\\\", "\\n", "\\r", "\\t"):
+        raise _Unsupported(f"the escape {escape} (JSON escapes are not written by the grammar)")
+    if escape[1] in "xuU" and int(escape[2:], 16) in {*range(0x20), 0x22, 0x5C, 0x7F}:
+        raise _Unsupported(f"the escape {escape} (a character JSON must escape)")
+    return escape
 
 
 class _Unsupported(Exception):
@@ -1047,8 +1111,7 @@ def _brace_counts(nums: list[str]) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------- entry points
-def schema_to_gbnf(schema: Any, limits: GrammarLimits = DEFAULT_LIMITS,
-                   on_warning: Callable[[str], None] | None = None) -> str:
+def schema_to_gbnf(schema: Any, limits: GrammarLimits = DEFAULT_LIMITS) -> str:
     """GBNF for the JSON texts that validate against ``schema``, as llama-server builds
     it. ``GrammarError`` for a schema that cannot become a grammar, ``SchemaLimitError``
     for one over ``limits``."""
@@ -1062,9 +1125,6 @@ def schema_to_gbnf(schema: Any, limits: GrammarLimits = DEFAULT_LIMITS,
         raise SchemaLimitError("the schema nests too deeply", "max_depth") from exc
     if writer.errors:
         raise GrammarError("JSON schema conversion failed: " + "; ".join(writer.errors))
-    if on_warning is not None:
-        for w in writer.warnings:
-            on_warning(w)
     return writer.text()
 
 
