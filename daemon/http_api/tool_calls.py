@@ -1076,7 +1076,7 @@ class CallStream:
             return
         try:
             self._advance(final)
-            if final and self.state in ("json", "close", "head"):
+            if final and self.state in ("json", "close", "head", "args"):
                 self._incomplete()
         except _Malformed:
             self._break()
@@ -1089,7 +1089,8 @@ class CallStream:
 
     def _incomplete(self) -> None:
         """The output ended inside a call (cut by max_tokens)."""
-        self._update_calls()
+        if self.json is not None:
+            self._update_calls()
         self._break()
 
     def _take_deltas(self) -> list[CallDelta]:
@@ -1227,12 +1228,12 @@ class _HermesStream(CallStream):
                 self.hold = None
                 if opener.named:
                     self._announce(self._new_call(None, (), name))
-                    self.pos, self.state = end, "head"
+                    self.pos, self.state = end, "args"
                 else:
                     self._new_call((), ("arguments", "parameters"))
                     self._open_json(self.text.rfind("{", at, end), _call_watch(0))
                 self.closes = list(opener.closes)
-            elif self.state == "head":  # <function=NAME>: the arguments object follows
+            elif self.state == "args":  # <function=NAME>: the arguments object follows
                 start = _skip_ws(self.text, self.pos)
                 if start == len(self.text):
                     return
@@ -1332,13 +1333,15 @@ class _MistralStream(CallStream):
                     head = _NEW_MISTRAL_HEAD.match(self.text, self.pos)
                     if head is None:
                         return  # it may still come; finish() treats it as malformed
-                    args = _skip_ws(self.text, head.end())
-                    if args == len(self.text):
-                        return
                     call = self._new_call(None, (), head.group(1))
                     call.model_id = head.group(2) or ""
                     self._announce(call)
-                    self._open_json(args, lambda path: path == ())
+                    self.pos, self.state = head.end(), "args"
+            elif self.state == "args":  # NAME[ARGS]: the arguments object follows
+                start = _skip_ws(self.text, self.pos)
+                if start == len(self.text):
+                    return
+                self._open_json(start, lambda path: path == ())
             elif self.state == "json":
                 assert self.json is not None
                 self.pos = self.json.feed(self.text, self.pos)
