@@ -61,6 +61,7 @@ a prefix of the content ``parse`` gives for the whole output.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import re
@@ -630,11 +631,13 @@ class GenericFormat(ToolFormat):
         return None
 
     def json_schema(
-        self, tools: Sequence[Mapping[str, Any]], *, required: bool, parallel: bool
+        self, tools: Sequence[Mapping[str, Any]], *, required: bool, parallel: bool,
+        response: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The schema of the whole output: the call(s) shape, or else (unless ``required``)
-        ``{"response": str}``; as llama.cpp's common_chat_params_init_generic, without the
-        ids it demands for parallel calls (call ids are minted by the server)."""
+        ``{"response": str}``, or ``{"response": <response>}`` with a response format's
+        schema; as llama.cpp's common_chat_params_init_generic, without the ids it demands
+        for parallel calls (call ids are minted by the server)."""
         functions = _functions(tools)
         branches: list[dict[str, Any]] = []
         if functions:
@@ -648,7 +651,7 @@ class GenericFormat(ToolFormat):
         elif required:
             raise ValueError("a tool call is required but there are no tools")
         if not required:
-            branches.append(_wrapper("response", {"type": "string"}))
+            branches.append(_wrapper("response", dict(response or {"type": "string"})))
         return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
     def system_prompt(self, tools: Sequence[Mapping[str, Any]], parallel: bool) -> str:
@@ -1090,7 +1093,7 @@ class CallStream:
     def _incomplete(self) -> None:
         """The output ended inside a call (cut by max_tokens)."""
         if self.json is not None:
-            self._update_calls()
+            self._on_json()
         self._break()
 
     def _take_deltas(self) -> list[CallDelta]:
@@ -1122,11 +1125,22 @@ class CallStream:
         self.state = "json"
 
     def _feed_json(self) -> bool:
-        """Reads on in the JSON; True once it is complete."""
+        """Reads on in the JSON; True once it is complete. What was read before a
+        malformed part still goes out, so that the pieces the text came in change
+        nothing."""
         assert self.json is not None
-        self.pos = self.json.feed(self.text, self.pos)
-        self._update_calls()
+        try:
+            self.pos = self.json.feed(self.text, self.pos)
+        except _Malformed:
+            with contextlib.suppress(_Malformed):
+                self._on_json()
+            raise
+        self._on_json()
         return self.json.done
+
+    def _on_json(self) -> None:
+        """After JSON was read: the calls it holds."""
+        self._update_calls()
 
     def _update_calls(self) -> None:
         assert self.json is not None
@@ -1343,13 +1357,7 @@ class _MistralStream(CallStream):
                     return
                 self._open_json(start, lambda path: path == ())
             elif self.state == "json":
-                assert self.json is not None
-                self.pos = self.json.feed(self.text, self.pos)
-                while (self._elements,) in self.json.spans:
-                    self._new_call((self._elements,), ("arguments",))
-                    self._elements += 1
-                self._update_calls()
-                if not self.json.done:
+                if not self._feed_json():
                     return
                 if self._array and not self._elements:
                     raise _Malformed("an empty call list")
@@ -1357,6 +1365,14 @@ class _MistralStream(CallStream):
                 self.state = "content"
             else:
                 return
+
+    def _on_json(self) -> None:
+        assert self.json is not None
+        if self._array:
+            while (self._elements,) in self.json.spans:
+                self._new_call((self._elements,), ("arguments",))
+                self._elements += 1
+        self._update_calls()
 
 
 class _GenericStream(CallStream):
@@ -1380,30 +1396,33 @@ class _GenericStream(CallStream):
             self._open_json(start, watch)
         if self.state == "json":
             assert self.json is not None
-            self.pos = self.json.feed(self.text, self.pos)
-            spans = self.json.spans
-            listed = spans.get(("tool_calls",))
-            if listed is not None and listed.kind != "[":
-                raise _Malformed("tool_calls is not a list")
-            if ("tool_call",) in spans and not self.calls:
-                self._new_call(("tool_call",), ("arguments",))
-            while ("tool_calls", self._elements) in spans:
-                self._new_call(("tool_calls", self._elements), ("arguments",))
-                self._elements += 1
-            self._update_calls()
-            response = spans.get(("response",))
-            if response is not None and response.kind == '"' and not self.calls:
-                self.response = response
-                for part in response.parts[self.response_taken:]:
-                    self.response_text += _DECODER.decode(f'"{part}"') if part != '"' else ""
-                self.response_taken = len(response.parts)
-            if not self.json.done:
+            if not self._feed_json():
                 return
             if _skip_ws(self.text, self.pos) != len(self.text):
                 raise _Malformed("not one JSON object")
             if not self.committed and not final:
                 return  # parse decides at the end (no calls, or a non-string response)
             self.state = "done"
+
+    def _on_json(self) -> None:
+        assert self.json is not None
+        spans = self.json.spans
+        listed = spans.get(("tool_calls",))
+        if listed is not None and listed.kind != "[":
+            raise _Malformed("tool_calls is not a list")
+        if ("tool_call",) in spans and not self.calls:
+            self._new_call(("tool_call",), ("arguments",))
+        while ("tool_calls", self._elements) in spans:
+            self._new_call(("tool_calls", self._elements), ("arguments",))
+            self._elements += 1
+        self._update_calls()
+        response = spans.get(("response",))
+        if response is not None and response.kind == '"' and not self.calls:
+            # a string answer: content, decoded as it is written
+            self.response = response
+            for part in response.parts[self.response_taken:]:
+                self.response_text += _DECODER.decode(f'"{part}"') if part != '"' else ""
+            self.response_taken = len(response.parts)
 
     def _content(self, final: bool = False) -> str:
         if self.state == "all-content" or self.response is not None:
