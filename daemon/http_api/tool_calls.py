@@ -742,12 +742,13 @@ def _dump_chars(text: str) -> str:
 class _Span:
     """The canonical text of one watched value, as far as it is known."""
 
-    __slots__ = ("closed", "kind", "parts")
+    __slots__ = ("closed", "kind", "order", "parts")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind  # its first character: '{', '[', '"', a digit or '-', or a letter
         self.parts: list[str] = []
         self.closed = False
+        self.order = 0  # closed as the order-th watched value
 
     def text(self) -> str:
         return "".join(self.parts)
@@ -780,6 +781,7 @@ class _Json:
         self._open: list[tuple[Path, _Span]] = []  # watched values being read
         self._stack: list[_Frame] = []
         self._string: Path | None = None  # the path of the string being read
+        self._closed = 0
 
     def _emit(self, text: str) -> None:
         for _, span in self._open:
@@ -795,7 +797,9 @@ class _Json:
 
     def _end(self, path: Path) -> None:
         if self._open and self._open[-1][0] == path:
-            self._open.pop()[1].closed = True
+            span = self._open.pop()[1]
+            self._closed += 1
+            span.closed, span.order = True, self._closed
         if self._stack:
             self._stack[-1].state = "next"
         else:
@@ -1019,7 +1023,8 @@ class CallStream:
 
     def __init__(self, fmt: ToolFormat, *, strict: bool = False) -> None:
         self.fmt = fmt
-        self.strict = strict
+        # only llama3_json's calls look like an answer: the others have their markers
+        self.strict = strict and fmt.name == LLAMA3_JSON.name
         self.text = ""
         self.pos = 0  # where reading stopped
         self.seg = 0  # where the content piece being read starts
@@ -1164,15 +1169,18 @@ class CallStream:
                     if not isinstance(value, str) or not value:
                         raise _Malformed("a call has no name")
                     call.name = value
+                    # The model's id goes out if it was written before the name; one
+                    # written later is too late for the first delta (the text decides,
+                    # not how it was cut into pieces).
+                    given = spans.get((*call.path, "id"))
+                    if given is not None and given.closed and given.order < name.order \
+                            and isinstance(given.value(), str):
+                        call.model_id = given.value()
                 if self.strict and call.path is not None and not any(
                         p in spans for p in call.args_paths):
                     if obj is not None and obj.closed:
                         raise _Malformed("no arguments: not a call")
                     continue
-                if call.path is not None:
-                    given = spans.get((*call.path, "id"))
-                    if given is not None and given.closed and isinstance(given.value(), str):
-                        call.model_id = given.value()
                 self._announce(call)
             if call.args_span is None:
                 call.args_span = next((spans[p] for p in call.args_paths if p in spans), None)
