@@ -10,18 +10,41 @@ Interface:
 * ``Structure.messages(messages, replies)`` -> the messages (and ``tools``) the chat
   template renders; ``Structure.grammar()`` -> the GBNF that constrains the output, or
   None;
-* ``ReplyShaper``: the generated text into what the client gets: content released while
-  streaming only up to where a call may begin, then the parsed message (``tool_calls``,
-  ``finish_reason: "tool_calls"``);
+* ``ReplyShaper``: the generated text into what the client gets, step by step: OpenAI
+  deltas (content up to where a call may begin; a call's id and name once its name is
+  read, then its arguments as they are written: tool_calls.CallStream), and at the end
+  the message those deltas add up to (``tool_calls``, ``finish_reason: "tool_calls"``),
+  the same whether the answer was streamed or not;
 * ``RawReplies``: what the model wrote for each reply it served, so that the reply,
   sent back in the history as parsed calls, renders as the very tokens the session's KV
-  cache and suffix tree already hold.
+  cache and suffix tree already hold (with the model's own call ids where the client got
+  others: a mistral id written after the arguments comes too late for the first delta).
 
 When calls are constrained (as llama-server does it): the generic format always (the
 output is one JSON object: ``tool_call(s)``, or ``response`` unless a call is required);
 a native format when ``tool_choice`` is ``required`` or names a function (the format's
 call markers around schema-valid call JSON). ``response_format`` ``json_object`` /
 ``json_schema`` constrains the output to JSON (matching the schema).
+
+``response_format`` together with ``tools``, as OpenAI serves it (tools when called, the
+format otherwise):
+
+* tool_choice ``none``: the format alone, as without tools;
+* ``required`` or a named function: the calls alone (the answer is a call, so the format
+  has nothing to hold);
+* ``auto``, generic format: the ``response`` alternative of the one JSON object takes the
+  format's schema instead of a string (what llama.cpp's common_chat_params_init_generic
+  does with a json_schema); its content is that JSON;
+* ``auto``, a native format: held to the format's calls or the format's JSON (a grammar
+  with both alternatives), where without a response_format auto is not constrained at
+  all. Leaving it unconstrained would break the format's promise whenever the model
+  answers in prose; holding it to the JSON alone would forbid calls. The alternative keeps
+  both promises and still lets the model choose, in its own call syntax (llama.cpp instead
+  falls back to its generic format for tools with a schema, which takes a Qwen or Llama
+  model out of the call syntax it was trained on). Llama 3.x calls are bare JSON objects,
+  so with a response_format an object counts as a call only if it has arguments too
+  (``CallStream``'s strict mode): an answer may well have a "name". The cost: the grammar
+  has no room for prose before a call, nor for a ``<think>`` block.
 """
 
 from __future__ import annotations

@@ -6,7 +6,11 @@ one ``ToolFormat`` per model family, each with ``parse(text, tool_names)``,
 content), ``json_schema(tools, required=, parallel=)`` and the ``prefix``/``suffix`` text
 around one call (to build a grammar as prefix + call JSON + suffix); ``FORMATS`` (by name),
 ``detect_format(chat_template)`` and ``call_id()``. The generic format also gives
-``system_prompt(tools, parallel)``. Standard library only: it knows nothing of the daemon.
+``system_prompt(tools, parallel)``. ``call_stream(fmt)`` -> ``CallStream`` reads one output
+as it is generated (``feed(piece)`` -> content and ``CallDelta``s that may go out now,
+``finish()`` -> ``StreamEnd``): what the endpoint streams, and, fed at once, what it answers
+(the section "reading calls while they are generated" below). Standard library only: it
+knows nothing of the daemon.
 
 Formats (the ones llama.cpp's server, llama-server, parses for these families):
 
