@@ -1163,8 +1163,8 @@ class CallStream:
             if obj is not None and obj.kind != "{":
                 raise _Malformed("a call is not an object")
             if not call.announced:
-                if not call.name:
-                    name = spans.get((*call.path, "name")) if call.path is not None else None
+                if not call.name and call.path is not None:  # bare arguments come named
+                    name = spans.get((*call.path, "name"))
                     if name is None or not name.closed:
                         if obj is not None and obj.closed:
                             raise _Malformed("a call has no name")
