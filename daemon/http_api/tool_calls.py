@@ -1019,8 +1019,10 @@ class CallStream:
     it, nothing can be taken back: if the output then stops being well-formed (cut by
     max_tokens, or broken JSON where no grammar holds it), the calls read so far stay,
     the last with its arguments as far as they went (OpenAI does the same for a call cut
-    by max_tokens), and the rest of the output is not read. For every output that
-    ``parse`` reads as calls, the result is ``parse``'s (tested property).
+    by max_tokens), and the rest of the output is not read. The generic format's string
+    ``response`` counts the same way: it goes out as content while it is written. For
+    every output that ``parse`` reads as calls, the result is ``parse``'s (tested
+    property); a call's id is the model's only where it wrote it before the name.
 
     ``strict``: a Llama 3.x JSON object is a call only if it has arguments too (with
     ``response_format``, the answer may be an object with a "name")."""
@@ -1078,8 +1080,6 @@ class CallStream:
                 if c.model_id and c.model_id != c.id:
                     aliases[c.id] = c.model_id
         rest = self._content_delta(content)
-        if not content.startswith(self.content_sent):  # pragma: no cover - a bug if seen
-            rest = ""
         return StreamEnd(rest, [d for d in deltas if d.name or d.arguments], content, calls,
                          aliases)
 
