@@ -82,35 +82,72 @@ def test_a_required_or_named_call_is_parsed_and_schema_valid(daemon: Any, choice
         assert isinstance(json.loads(call.function.arguments)["command"], str)
 
 
-def test_streamed_calls_assemble_as_the_sdk_does(daemon: Any) -> None:
-    kwargs: dict[str, Any] = dict(
-        model="default", messages=ASK, tools=[WEATHER],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        parallel_tool_calls=False, max_tokens=96, temperature=0)
-    whole = daemon.oai.chat.completions.create(
-        **kwargs, extra_headers={"X-Suffixd-Namespace": "tools-whole"})
-    calls: dict[int, dict[str, str]] = {}
+def _stream(daemon: Any, ns: str, **kwargs: Any) -> tuple[str, dict[int, dict[str, Any]],
+                                                          str | None]:
+    """A streamed answer as the SDK's deltas add up: content, calls (with each call's
+    argument fragments and the event each arrived in), finish reason."""
+    calls: dict[int, dict[str, Any]] = {}
     finish = None
     content = ""
-    for ev in daemon.oai.chat.completions.create(
-            **kwargs, stream=True, extra_headers={"X-Suffixd-Namespace": "tools-stream"}):
+    for n, ev in enumerate(daemon.oai.chat.completions.create(
+            **kwargs, stream=True, extra_headers={"X-Suffixd-Namespace": ns})):
         if not ev.choices:
             continue
         delta = ev.choices[0].delta
         content += delta.content or ""
         for tc in delta.tool_calls or ():
-            slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+            slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": "",
+                                               "first": None, "fragments": []})
+            if slot["first"] is None:  # the call's first delta: id, type, name, no arguments
+                assert tc.id and tc.type == "function" and tc.function.name
+                assert tc.function.arguments == ""
+                slot["first"] = n
             slot["id"] += tc.id or ""
             if tc.function is not None:
                 slot["name"] += tc.function.name or ""
-                slot["arguments"] += tc.function.arguments or ""
-        finish = ev.choices[0].finish_reason or finish
-    assert finish == "tool_calls" and content == ""
-    assert list(calls) == [0] and calls[0]["id"].startswith("call_")
-    assert calls[0]["name"] == "get_weather"
-    # the same greedy call as the answer that was not streamed
-    assert json.loads(calls[0]["arguments"]) == json.loads(
-        whole.choices[0].message.tool_calls[0].function.arguments)
+                if tc.function.arguments:
+                    slot["arguments"] += tc.function.arguments
+                    slot["fragments"].append((n, tc.function.arguments))
+        if ev.choices[0].finish_reason:
+            finish = ev.choices[0].finish_reason
+            end = n
+    for slot in calls.values():
+        slot["end"] = end
+    return content, calls, finish
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_streamed_calls_stream_and_assemble_as_the_sdk_does(daemon: Any, parallel: bool,
+                                                             ) -> None:
+    """Streamed, a call's id and name come first, then its arguments as they are generated
+    (the first fragment long before the call is complete); assembled, the calls are the
+    answer that was not streamed."""
+    kwargs: dict[str, Any] = dict(
+        model="default", messages=ASK, tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        parallel_tool_calls=parallel, max_tokens=96, temperature=0)
+    whole = daemon.oai.chat.completions.create(
+        **kwargs, extra_headers={"X-Suffixd-Namespace": f"tools-whole-{parallel}"})
+    content, calls, finish = _stream(daemon, f"tools-stream-{parallel}", **kwargs)
+    # Allowed parallel calls, the 270M model may go on adding calls until max_tokens: then
+    # the last is cut short, in both answers alike (as OpenAI answers a cut call).
+    assert finish == whole.choices[0].finish_reason
+    assert finish == "tool_calls" or parallel and finish == "length"
+    assert content == ""
+    want = whole.choices[0].message.tool_calls
+    assert [(c["name"], c["arguments"]) for c in calls.values()] == [
+        (c.function.name, c.function.arguments) for c in want]
+    assert all(c["id"].startswith("call_") for c in calls.values())
+    first = calls[0]
+    assert first["name"] == "get_weather"
+    if finish == "tool_calls" or len(calls) > 1:
+        _valid_weather_args(first["arguments"])
+    # the arguments came in pieces as they were generated: the first piece, a proper
+    # prefix of them, in an event before the one that completed them
+    assert len(first["fragments"]) > 2
+    (at, piece), (last_at, _) = first["fragments"][0], first["fragments"][-1]
+    assert first["arguments"].startswith(piece) and piece != first["arguments"]
+    assert first["first"] <= at < last_at < first["end"]
 
 
 def test_a_tool_loop_continues_its_session_and_reuses_its_kv(daemon: Any) -> None:
@@ -232,7 +269,14 @@ def test_constrained_greedy_with_drafts_equals_without(daemon: Any) -> None:
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
      "response_format"),
-    ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "hi"},
+                   {"role": "tool", "tool_call_id": "call_nowhere", "content": "18 C"}]},
+     "messages[1].tool_call_id"),
+    ({"messages": [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{}"}}]},
+                   {"role": "tool", "tool_call_id": "call_2", "content": "18 C"}]},
+     "messages[3].tool_call_id"),
 ])
 def test_bad_tools_and_formats_are_400s(daemon: Any, body: dict[str, Any], param: str) -> None:
     r = httpx.post(f"{daemon.http}/chat/completions", timeout=120, json={
@@ -255,3 +299,52 @@ def test_the_readme_example_works_as_written(daemon: Any, capsys: pytest.Capture
     assert "'city'" in args and "'unit'" in args
     person = ast.literal_eval(second)
     assert set(person) == {"name", "age"} and isinstance(person["age"], int)
+
+
+PERSON = {"type": "object",
+          "properties": {"name": {"type": "string", "maxLength": 30},
+                         "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+PERSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+
+
+def _person(text: str) -> None:
+    obj = json.loads(text)
+    assert set(obj) == {"name", "age"}
+    assert isinstance(obj["name"], str) and isinstance(obj["age"], int)
+
+
+def test_response_format_with_tools_is_calls_or_the_format(daemon: Any) -> None:
+    """As OpenAI serves both: tools when called, the format otherwise."""
+    ask = [{"role": "user", "content": "Describe a person: name and age."}]
+    base: dict[str, Any] = dict(model="default", tools=[WEATHER],
+                                response_format=PERSON_FORMAT, max_tokens=64, temperature=0)
+    # no call allowed: the format's JSON, in content
+    r = daemon.oai.chat.completions.create(
+        **base, messages=ask, tool_choice="none",
+        extra_headers={"X-Suffixd-Namespace": "fmt-tools"})
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.tool_calls is None
+    _person(r.choices[0].message.content)
+    # a call required: the call, the format has no say
+    r = daemon.oai.chat.completions.create(
+        **base, messages=ASK, tool_choice="required", parallel_tool_calls=False,
+        extra_headers={"X-Suffixd-Namespace": "fmt-tools"})
+    assert r.choices[0].finish_reason == "tool_calls"
+    _valid_weather_args(r.choices[0].message.tool_calls[0].function.arguments)
+    # auto: one or the other, and streamed the same as not
+    for messages in (ask, ASK):
+        kwargs = dict(base, messages=messages, tool_choice="auto", parallel_tool_calls=False)
+        r = daemon.oai.chat.completions.create(
+            **kwargs, extra_headers={"X-Suffixd-Namespace": "fmt-tools-auto"})
+        msg = r.choices[0].message
+        content, calls, finish = _stream(daemon, "fmt-tools-auto-stream", **kwargs)
+        assert finish == r.choices[0].finish_reason
+        if finish == "tool_calls":
+            assert msg.tool_calls and not content
+            _valid_weather_args(msg.tool_calls[0].function.arguments)
+            assert [(c["name"], c["arguments"]) for c in calls.values()] == [
+                (c.function.name, c.function.arguments) for c in msg.tool_calls]
+        else:
+            assert finish == "stop" and msg.tool_calls is None and not calls
+            _person(msg.content)
+            assert content == msg.content

@@ -13,8 +13,8 @@ import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from suffixd.daemon.generation.grammar import Grammar
 from suffixd.daemon.generation.verifier import Verifier
-from suffixd.daemon.http_api.requests import ApiError
-from suffixd.daemon.http_api.structured import RawReplies, parse_structure
+from suffixd.daemon.http_api.requests import ApiError, chat_messages
+from suffixd.daemon.http_api.structured import RawReplies, ReplyShaper, parse_structure
 from suffixd.daemon.http_api.tool_calls import GENERIC, HERMES, ToolCall
 from suffixd.daemon.model import embedded_model_path
 
@@ -153,3 +153,112 @@ def test_an_unconvertible_schema_is_a_400() -> None:
     with pytest.raises(ApiError) as err:
         s.grammar()
     assert err.value.status == 400
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}},
+          "required": ["name"], "additionalProperties": False}
+PERSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+
+
+def _walks(verifier: Verifier, gbnf: str, text: str) -> bool:
+    """Whether the grammar takes ``text`` (as the model's tokens) and may end there."""
+    state = Grammar(verifier, gbnf).start()
+    for tok in verifier.tokenize(text):
+        if not state.allows(tok):
+            return False
+        state.accept(tok)
+    return state.allows(verifier.eos_token)
+
+
+def test_native_auto_with_a_response_format_is_calls_or_the_formats_json(
+        verifier: Verifier) -> None:
+    s = _structure("auto", response_format=PERSON_FORMAT)
+    assert s.calls_or_format
+    gbnf = s.grammar()
+    assert gbnf is not None
+    call = HERMES.render([ToolCall("get_weather", json.dumps({"city": "Paris"}))])
+    assert _walks(verifier, gbnf, call)
+    assert _walks(verifier, gbnf, '{"name": "Ada"}')
+    assert not _walks(verifier, gbnf, '{"city": "Paris"}')  # neither a call nor a person
+    assert not Grammar(verifier, gbnf).start().allows(verifier.tokenize("Sure")[0])
+    # a call required: the format has no say; tool_choice none: the format alone
+    required = _structure("required", response_format=PERSON_FORMAT).grammar()
+    assert required is not None and _walks(verifier, required, call)
+    assert not _walks(verifier, required, '{"name": "Ada"}')
+    alone = _structure("none", response_format=PERSON_FORMAT).grammar()
+    assert alone is not None and _walks(verifier, alone, '{"name": "Ada"}')
+
+
+def test_generic_response_takes_the_formats_schema(verifier: Verifier) -> None:
+    s = parse_structure({"tools": [WEATHER], "response_format": PERSON_FORMAT}, chat=True)
+    s.settle("")
+    gbnf = s.grammar()
+    assert gbnf is not None
+    assert _walks(verifier, gbnf, '{"response": {"name": "Ada"}}')
+    assert not _walks(verifier, gbnf, '{"response": "Ada"}')
+    assert _walks(verifier, gbnf,
+                  '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}')
+    shaper = ReplyShaper(s)
+    shaper.feed('{"response": {"name": "Ada"}}')
+    message, finish, _ = shaper.finish("stop")
+    assert json.loads(message["content"]) == {"name": "Ada"} and finish == "stop"
+
+
+def test_a_reply_streams_to_the_message_it_finishes_as() -> None:
+    s = _structure("auto")
+    text = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": '
+            '{"city": "Paris"}}\n</tool_call>')
+    shaper = ReplyShaper(s)
+    deltas = [d for ch in text for d in shaper.feed(ch)]
+    message, finish, rest = shaper.finish("stop")
+    deltas += rest
+    content = "".join(d.get("content", "") for d in deltas)
+    calls: dict[int, dict[str, str]] = {}
+    for d in deltas:
+        for tc in d.get("tool_calls", ()):
+            slot = calls.setdefault(tc["index"], {"id": "", "name": "", "arguments": ""})
+            slot["id"] += tc.get("id", "")
+            slot["name"] += tc.get("function", {}).get("name", "")
+            slot["arguments"] += tc["function"]["arguments"]
+    assert finish == "tool_calls" and content == message["content"] == "Let me look."
+    assert [{"id": c["id"], "name": c["function"]["name"], "arguments": c["function"][
+        "arguments"]} for c in message["tool_calls"]] == list(calls.values())
+    # the first delta of the call: id, type and name, arguments ""
+    first = next(d["tool_calls"][0] for d in deltas if "tool_calls" in d)
+    assert first["type"] == "function" and first["function"] == {
+        "name": "get_weather", "arguments": ""}
+
+
+def test_mistral_ids_the_client_got_render_as_the_model_wrote_them() -> None:
+    s = parse_structure({"tools": [WEATHER]}, chat=True)
+    s.settle("[TOOL_CALLS] {{ messages }}")
+    raw = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, ' \
+          '"id": "abcdefghi"}]'
+    shaper = ReplyShaper(s)
+    shaper.feed(raw)
+    message, _, _ = shaper.finish("stop")
+    got = message["tool_calls"][0]["id"]
+    assert got != "abcdefghi" and shaper.aliases == {got: "abcdefghi"}
+    replies = RawReplies()
+    replies.put(message, raw, shaper.aliases)
+    history = [{"role": "user", "content": "Weather in Paris?"}, message,
+               {"role": "tool", "tool_call_id": got, "content": "18 C"}]
+    msgs, _ = s.messages(history, replies)
+    assert msgs[1] == {"role": "assistant", "content": raw}
+    assert msgs[2]["tool_call_id"] == "abcdefghi"
+
+
+@pytest.mark.parametrize(("messages", "param"), [
+    ([{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "x", "content": "1"}],
+     "messages[1].tool_call_id"),
+    (HISTORY[:2] + [{"role": "tool", "content": "1"}], "messages[2].tool_call_id"),
+    (HISTORY[:3] + [{"role": "tool", "tool_call_id": "call_2", "content": "1"}],
+     "messages[3].tool_call_id"),
+    (HISTORY[:2] + [{"role": "assistant", "tool_calls": {"id": "call_1"}}],
+     "messages[2].tool_calls"),
+])
+def test_a_tool_message_must_answer_an_earlier_call(messages: list[Any], param: str) -> None:
+    with pytest.raises(ApiError) as err:
+        chat_messages({"messages": messages})
+    assert err.value.status == 400 and err.value.param == param
+    assert chat_messages({"messages": HISTORY}) == HISTORY

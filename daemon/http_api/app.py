@@ -17,9 +17,10 @@ lossless greedy output, exact sampling and the counters are the same.
   daemon/http_api/session_finder.py; a completion request without one is a one-off (it still
   drafts from its namespace's global and corpus trees).
 * Unsupported fields that would change the output (n > 1, logprobs, penalties,
-  logit_bias, a JSON response format, echo, suffix, best_of > 1) are refused with 400 and
-  an OpenAI-shaped error object; fields that do not (user, tools, metadata, ...) are
-  ignored. Errors never leave as a 500 unless the daemon itself failed.
+  logit_bias, echo, suffix, best_of > 1) are refused with 400 and an OpenAI-shaped error
+  object; fields that do not (user, metadata, ...) are ignored. ``tools`` and
+  ``response_format``: daemon/http_api/structured.py. Errors never leave as a 500
+  unless the daemon itself failed.
 * Auth: a loopback address is open unless a token is configured; any other address
   needs the bearer token (``Authorization: Bearer ...``, the same token as gRPC) or
   ``--insecure``. Bodies larger than the gRPC message limit get 413; a body that is
@@ -332,7 +333,7 @@ class OpenAIFront:
             while last.finish_reason is None:
                 last = await run.next()
                 shaper.feed(last.text)
-            message, finish = shaper.finish(last.finish_reason)
+            message, finish, _ = shaper.finish(last.finish_reason)
         except ApiError:
             if watch is not None and watch.done():  # the client left: nobody to answer
                 return Response(status_code=499)
@@ -367,7 +368,7 @@ class OpenAIFront:
         """The request ended (message None: it did not finish). The reply's raw text is
         kept for when the client sends the reply back, and the session finder moves on."""
         if message is not None and shaper.s.fmt is not None:
-            self.replies.put(message, shaper.text)
+            self.replies.put(message, shaper.text, shaper.aliases)
         if auto:
             self.finder.release(ns, sid, messages, message)
 

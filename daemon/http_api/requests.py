@@ -123,9 +123,13 @@ def apply_sampling(body: dict[str, Any], req: GenerationRequest) -> None:
 
 
 def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's messages, checked as OpenAI checks them: shapes, and every ``tool``
+    message answering a ``tool_calls`` id of an earlier assistant message (a result
+    that answers no call would reach the model as an answer to nothing)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
+    call_ids: set[str] = set()
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(400, f"messages[{i}] must be an object with a 'role'",
@@ -134,6 +138,20 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if content is not None and not isinstance(content, str | list):
             raise ApiError(400, f"messages[{i}].content must be a string or a list of parts",
                            param=f"messages[{i}].content")
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if m["role"] != "assistant" or not isinstance(calls, list):
+                raise ApiError(400, f"messages[{i}].tool_calls must be a list, on an "
+                               "assistant message", param=f"messages[{i}].tool_calls")
+            call_ids.update(c["id"] for c in calls
+                            if isinstance(c, dict) and isinstance(c.get("id"), str))
+        if m["role"] == "tool":
+            cid = m.get("tool_call_id")
+            if not isinstance(cid, str) or cid not in call_ids:
+                raise ApiError(400, f"messages[{i}] has role 'tool' but its tool_call_id "
+                               f"{cid!r} is no tool_calls id of an earlier assistant "
+                               "message: a tool message must answer a call",
+                               param=f"messages[{i}].tool_call_id")
     return msgs
 
 

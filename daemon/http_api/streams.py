@@ -116,10 +116,11 @@ async def sse_events(run: Run, first: Chunk, rid: str, model: str, chat: bool,
                      shaper: ReplyShaper) -> AsyncIterator[bytes]:
     """The server-sent events of a streamed answer, from its first chunk on, ending in
     ``data: [DONE]``; an error after the headers goes in the stream as an error object.
-    Content is released as ``shaper`` allows (with tools: up to where a call may begin);
-    the tool calls go out at the end as ``delta.tool_calls``, as OpenAI streams them (the
-    id and name first, then the arguments). At the end the run is cancelled and
-    ``release`` (when given) gets the reply message, or None when it did not finish."""
+    Each step's text goes out as ``shaper`` allows: content (with tools, up to where a call
+    may begin), and tool calls as OpenAI streams them (a call's id, type and name first,
+    with arguments "", then its arguments as they are generated). At the end the run is
+    cancelled and ``release`` (when given) gets the reply message, or None when it did
+    not finish."""
     created = int(time.time())
     obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -128,41 +129,30 @@ async def sse_events(run: Run, first: Chunk, rid: str, model: str, chat: bool,
                    "choices": choices, **extra}
         return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
-    def choice(text: str, finish: str | None, first: bool = False,
-               calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def choice(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
         if chat:
-            delta: dict[str, Any] = {"content": text}
-            if first:
-                delta["role"] = "assistant"
-            if calls:
-                delta = {"tool_calls": calls}
             return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        return {"index": 0, "text": delta.get("content", ""), "finish_reason": finish,
+                "logprobs": None}
 
     chunk: Chunk | None = first
     message: dict[str, Any] | None = None
     try:
         if chat:
-            yield event([choice("", None, first=True)])
+            yield event([choice({"role": "assistant", "content": ""}, None)])
         while chunk is not None:
-            piece = shaper.feed(chunk.text)
-            final = chunk.finish_reason is not None
-            if piece and not final:
-                yield event([choice(piece, None)])
-            if final:
-                message, finish = shaper.finish(chunk.finish_reason)
-                piece += shaper.unsent(message)
-                for i, call in enumerate(message.get("tool_calls") or ()):
-                    fn = call["function"]
-                    yield event([choice("", None, calls=[
-                        {"index": i, "id": call["id"], "type": "function",
-                         "function": {"name": fn["name"], "arguments": ""}}])])
-                    yield event([choice("", None, calls=[
-                        {"index": i, "function": {"arguments": fn["arguments"]}}])])
-                yield event([choice(piece, finish)], suffixd=draft_stats(chunk, meta))
+            deltas = shaper.feed(chunk.text)
+            if chunk.finish_reason is not None:
+                message, finish, rest = shaper.finish(chunk.finish_reason)
+                for delta in deltas + rest:
+                    yield event([choice(delta, None)])
+                yield event([choice({"content": ""}, finish)],
+                            suffixd=draft_stats(chunk, meta))
                 if include_usage:
                     yield event([], usage=usage(chunk))
                 break
+            for delta in deltas:
+                yield event([choice(delta, None)])
             try:
                 chunk = await run.next()
             except Exception as exc:  # after the headers: the error goes in the stream

@@ -10,18 +10,41 @@ Interface:
 * ``Structure.messages(messages, replies)`` -> the messages (and ``tools``) the chat
   template renders; ``Structure.grammar()`` -> the GBNF that constrains the output, or
   None;
-* ``ReplyShaper``: the generated text into what the client gets: content released while
-  streaming only up to where a call may begin, then the parsed message (``tool_calls``,
-  ``finish_reason: "tool_calls"``);
+* ``ReplyShaper``: the generated text into what the client gets, step by step: OpenAI
+  deltas (content up to where a call may begin; a call's id and name once its name is
+  read, then its arguments as they are written: tool_calls.CallStream), and at the end
+  the message those deltas add up to (``tool_calls``, ``finish_reason: "tool_calls"``),
+  the same whether the answer was streamed or not;
 * ``RawReplies``: what the model wrote for each reply it served, so that the reply,
   sent back in the history as parsed calls, renders as the very tokens the session's KV
-  cache and suffix tree already hold.
+  cache and suffix tree already hold (with the model's own call ids where the client got
+  others: a mistral id written after the arguments comes too late for the first delta).
 
 When calls are constrained (as llama-server does it): the generic format always (the
 output is one JSON object: ``tool_call(s)``, or ``response`` unless a call is required);
 a native format when ``tool_choice`` is ``required`` or names a function (the format's
 call markers around schema-valid call JSON). ``response_format`` ``json_object`` /
 ``json_schema`` constrains the output to JSON (matching the schema).
+
+``response_format`` together with ``tools``, as OpenAI serves it (tools when called, the
+format otherwise):
+
+* tool_choice ``none``: the format alone, as without tools;
+* ``required`` or a named function: the calls alone (the answer is a call, so the format
+  has nothing to hold);
+* ``auto``, generic format: the ``response`` alternative of the one JSON object takes the
+  format's schema instead of a string (what llama.cpp's common_chat_params_init_generic
+  does with a json_schema); its content is that JSON;
+* ``auto``, a native format: held to the format's calls or the format's JSON (a grammar
+  with both alternatives), where without a response_format auto is not constrained at
+  all. Leaving it unconstrained would break the format's promise whenever the model
+  answers in prose; holding it to the JSON alone would forbid calls. The alternative keeps
+  both promises and still lets the model choose, in its own call syntax (llama.cpp instead
+  falls back to its generic format for tools with a schema, which takes a Qwen or Llama
+  model out of the call syntax it was trained on). Llama 3.x calls are bare JSON objects,
+  so with a response_format an object counts as a call only if it has arguments too
+  (``CallStream``'s strict mode): an answer may well have a "name". The cost: the grammar
+  has no room for prose before a call, nor for a ``<think>`` block.
 """
 
 from __future__ import annotations
@@ -32,7 +55,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..generation.grammar import GrammarError, grammar_for_schema, json_grammar
@@ -43,9 +66,10 @@ from .tool_calls import (
     HERMES,
     LLAMA3_JSON,
     MISTRAL,
+    CallDelta,
     ToolCall,
     ToolFormat,
-    call_id,
+    call_stream,
     detect_format,
 )
 
@@ -70,6 +94,12 @@ class Structure:
     def active(self) -> bool:
         return self.calls_expected or self.response_schema is not None
 
+    @property
+    def calls_or_format(self) -> bool:
+        """The answer is either calls or the response_format's JSON (tool_choice auto)."""
+        return self.calls_expected and self.choice == "auto" and \
+            self.response_schema is not None
+
     def settle(self, chat_template: str) -> None:
         if self.calls_expected:
             self.fmt = detect_format(chat_template)
@@ -83,6 +113,7 @@ class Structure:
             return [render_message(dict(m)) for m in messages], None
         generic = self.fmt is GENERIC
         names_by_id: dict[str, str] = {}
+        written_ids: dict[str, str] = {}  # an id the client got -> the one the raw text has
         out: list[dict[str, Any]] = []
         for m in messages:
             role = "system" if m["role"] == "developer" else m["role"]
@@ -93,6 +124,7 @@ class Structure:
                     names_by_id[c.id] = c.name
                 raw = replies.get(m)
                 if raw is not None:
+                    written_ids.update(replies.aliases(m))
                     out.append({"role": "assistant", "content": raw})
                 elif generic:
                     out.append({"role": "assistant", "content": GENERIC.render(calls, text)})
@@ -106,6 +138,7 @@ class Structure:
             elif role == "tool":
                 cid = str(m.get("tool_call_id") or "")
                 name = str(m.get("name") or names_by_id.get(cid, ""))
+                cid = written_ids.get(cid, cid)
                 if generic:  # a template without a tool role: the result as the user's turn
                     out.append({"role": "user", "content": json.dumps(
                         {"tool_response": {"tool": name, "tool_call_id": cid, "content": text}},
@@ -127,7 +160,7 @@ class Structure:
     # ------------------------------------------------------------------ grammar
     def grammar(self) -> str | None:
         try:
-            if self.response_schema is not None:
+            if self.response_schema is not None and not self.calls_expected:
                 if self.response_schema == {"type": "object"}:
                     return json_grammar()
                 return grammar_for_schema(self.response_schema)
@@ -137,12 +170,19 @@ class Structure:
             required = self.choice in ("required", "named")
             if self.fmt is GENERIC:
                 return grammar_for_schema(
-                    GENERIC.json_schema(fns, required=required, parallel=self.parallel))
-            if not required:
+                    GENERIC.json_schema(fns, required=required, parallel=self.parallel,
+                                        response=self.response_schema))
+            if not required and not self.calls_or_format:
                 return None  # auto: the model may answer in prose; its calls are parsed
             call = grammar_for_schema(
                 self.fmt.json_schema(fns, required=True, parallel=self.parallel))
-            return _wrap_calls(self.fmt, call, self.parallel)
+            calls = _wrap_calls(self.fmt, call, self.parallel)
+            if required:
+                return calls
+            # calls or else the format's JSON: the format's grammar alone, as with no tools
+            answer = replace(self, functions=[], choice="none", fmt=None).grammar()
+            assert answer is not None
+            return _either(calls, answer)
         except (GrammarError, ValueError) as exc:
             raise ApiError(400, f"cannot constrain the output: {exc}",
                            param="tools" if self.response_schema is None
@@ -164,6 +204,25 @@ def _wrap_calls(fmt: ToolFormat, call_gbnf: str, parallel: bool) -> str:
     else:  # pragma: no cover - the generic format has its own schema
         raise ValueError(f"no call grammar for the {fmt.name} format")
     return f"root ::= {root}\n{rules}"
+
+
+# A GBNF text as tokens: literals and character classes (whose contents are not names),
+# comments, names, and anything else one character at a time.
+_GBNF_TOKEN = re.compile(
+    r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*|[A-Za-z0-9_-]+|.', re.DOTALL)
+_GBNF_RULE = re.compile(r"^([A-Za-z0-9_-]+)\s*::=", re.MULTILINE)
+
+
+def _renamed(gbnf: str, prefix: str) -> str:
+    """The grammar with every rule it defines renamed ``prefix`` + name, so that two
+    grammars (each with its own "root", "space", "string", ...) can live in one."""
+    names = set(_GBNF_RULE.findall(gbnf))
+    return "".join(prefix + t if t in names else t for t in _GBNF_TOKEN.findall(gbnf))
+
+
+def _either(first: str, second: str) -> str:
+    """The language of either grammar."""
+    return (f"root ::= c-root | r-root\n{_renamed(first, 'c-')}\n{_renamed(second, 'r-')}")
 
 
 def _lit(text: str) -> str:
@@ -233,10 +292,6 @@ def parse_structure(body: Mapping[str, Any], chat: bool) -> Structure:
                        param="parallel_tool_calls")
     s.parallel = True if parallel is None else parallel
     s.response_schema = _response_schema(body.get("response_format"))
-    if s.response_schema is not None and s.calls_expected:
-        raise ApiError(400, "'response_format' together with 'tools' is not supported: "
-                       "send one, or tool_choice 'none'", param="response_format",
-                       code="unsupported_parameter")
     return s
 
 
@@ -290,62 +345,82 @@ def _response_schema(fmt: Any) -> dict[str, Any] | None:
 
 # ---------------------------------------------------------------------- the reply
 class ReplyShaper:
-    """The generated text as the client sees it. ``feed`` returns the content that may be
-    released now (streaming): all of it without tools, else only up to where a call may
-    begin. ``finish`` parses the whole text: the message and its finish reason."""
+    """The generated text as the client sees it. ``feed`` returns the deltas that may go
+    out now (OpenAI ``delta`` objects: ``{"content": ...}`` or ``{"tool_calls": [...]}``):
+    without tools all the text; with them, content up to where a call may begin and each
+    call's id and name once read, then its arguments as they are written
+    (tool_calls.CallStream). ``finish`` gives the whole message, its finish reason and the
+    deltas still to send; the message is what the deltas add up to, streamed or not."""
 
     def __init__(self, structure: Structure) -> None:
         self.s = structure
         self.text = ""
-        self.sent = 0
+        fmt = structure.fmt
+        self.stream = call_stream(fmt, strict=structure.calls_or_format) \
+            if fmt is not None else None
+        self.aliases: dict[str, str] = {}  # call ids the client got -> the model's own
 
-    def feed(self, piece: str) -> str:
+    def feed(self, piece: str) -> list[dict[str, Any]]:
         self.text += piece
-        fmt = self.s.fmt
-        at = fmt.call_start(self.text) if fmt is not None else None
-        upto = len(self.text) if at is None else max(self.sent, at)
-        out = self.text[self.sent:upto]
-        self.sent = max(self.sent, upto)
-        return out
+        if self.stream is None:
+            return [{"content": piece}] if piece else []
+        content, calls = self.stream.feed(piece)
+        return _deltas(content, calls)
 
-    def finish(self, finish_reason: str | None) -> tuple[dict[str, Any], str]:
+    def finish(self, finish_reason: str | None) -> tuple[dict[str, Any], str,
+                                                         list[dict[str, Any]]]:
         finish = finish_reason or "stop"
-        fmt = self.s.fmt
-        if fmt is None:
-            return {"role": "assistant", "content": self.text}, finish
-        parsed = fmt.parse(self.text, [f["name"] for f in self.s.functions])
-        if not parsed.calls:
-            return {"role": "assistant", "content": parsed.content}, finish
-        message = {"role": "assistant", "content": parsed.content or None, "tool_calls": [
-            {"id": c.id or call_id(), "type": "function",
+        if self.stream is None:
+            return {"role": "assistant", "content": self.text}, finish, []
+        end = self.stream.finish()
+        self.aliases = end.aliases
+        rest = _deltas(end.content_rest, end.deltas)
+        if not end.calls:
+            return {"role": "assistant", "content": end.content}, finish, rest
+        message = {"role": "assistant", "content": end.content or None, "tool_calls": [
+            {"id": c.id, "type": "function",
              "function": {"name": c.name, "arguments": c.arguments}}
-            for c in parsed.calls]}
-        return message, "tool_calls" if finish == "stop" else finish
+            for c in end.calls]}
+        return message, "tool_calls" if finish == "stop" else finish, rest
 
-    def unsent(self, message: Mapping[str, Any]) -> str:
-        """The content still to stream once the message is known."""
-        content = message.get("content") or ""
-        return str(content)[self.sent:] if content.startswith(self.text[:self.sent]) \
-            else ""
+
+def _deltas(content: str, calls: Sequence[CallDelta]) -> list[dict[str, Any]]:
+    """OpenAI deltas: the content, then one per call delta (a call's consecutive argument
+    pieces as one), the first of a call with its id, type and name, as OpenAI sends them."""
+    out: list[dict[str, Any]] = [{"content": content}] if content else []
+    last: dict[str, Any] | None = None
+    for d in calls:
+        if d.id:
+            last = {"index": d.index, "id": d.id, "type": "function",
+                    "function": {"name": d.name, "arguments": d.arguments}}
+            out.append({"tool_calls": [last]})
+        elif last is not None and last["index"] == d.index and "id" not in last:
+            last["function"]["arguments"] += d.arguments
+        else:
+            last = {"index": d.index, "function": {"arguments": d.arguments}}
+            out.append({"tool_calls": [last]})
+    return out
 
 
 class RawReplies:
     """Bounded map: a served reply (as the client will send it back) -> the text the
-    model wrote for it."""
+    model wrote for it, and the call ids the client got that differ from the ones in that
+    text (mistral ids written after the arguments, which the stream could not wait for)."""
 
     def __init__(self, max_entries: int = 10_000) -> None:
         self._lock = threading.Lock()
-        self._raw: OrderedDict[bytes, str] = OrderedDict()
+        self._raw: OrderedDict[bytes, tuple[str, dict[str, str]]] = OrderedDict()
         self.max_entries = max_entries
 
     @staticmethod
     def _key(message: Mapping[str, Any]) -> bytes:
         return hashlib.blake2b(canonical_message(message), digest_size=16).digest()
 
-    def put(self, message: Mapping[str, Any], raw: str) -> None:
+    def put(self, message: Mapping[str, Any], raw: str,
+            aliases: Mapping[str, str] | None = None) -> None:
         key = self._key(message)
         with self._lock:
-            self._raw[key] = raw
+            self._raw[key] = (raw, dict(aliases or {}))
             self._raw.move_to_end(key)
             while len(self._raw) > self.max_entries:
                 self._raw.popitem(last=False)
@@ -353,4 +428,11 @@ class RawReplies:
     def get(self, message: Mapping[str, Any]) -> str | None:
         key = self._key(message)
         with self._lock:
-            return self._raw.get(key)
+            entry = self._raw.get(key)
+        return None if entry is None else entry[0]
+
+    def aliases(self, message: Mapping[str, Any]) -> dict[str, str]:
+        key = self._key(message)
+        with self._lock:
+            entry = self._raw.get(key)
+        return {} if entry is None else dict(entry[1])

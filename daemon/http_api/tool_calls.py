@@ -6,7 +6,11 @@ one ``ToolFormat`` per model family, each with ``parse(text, tool_names)``,
 content), ``json_schema(tools, required=, parallel=)`` and the ``prefix``/``suffix`` text
 around one call (to build a grammar as prefix + call JSON + suffix); ``FORMATS`` (by name),
 ``detect_format(chat_template)`` and ``call_id()``. The generic format also gives
-``system_prompt(tools, parallel)``. Standard library only: it knows nothing of the daemon.
+``system_prompt(tools, parallel)``. ``call_stream(fmt)`` -> ``CallStream`` reads one output
+as it is generated (``feed(piece)`` -> content and ``CallDelta``s that may go out now,
+``finish()`` -> ``StreamEnd``): what the endpoint streams, and, fed at once, what it answers
+(the section "reading calls while they are generated" below). Standard library only: it
+knows nothing of the daemon.
 
 Formats (the ones llama.cpp's server, llama-server, parses for these families):
 
@@ -61,12 +65,13 @@ a prefix of the content ``parse`` gives for the whole output.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import re
 import secrets
 import string
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,14 +81,18 @@ __all__ = [
     "HERMES",
     "LLAMA3_JSON",
     "MISTRAL",
+    "CallDelta",
+    "CallStream",
     "GenericFormat",
     "HermesFormat",
     "Llama3JsonFormat",
     "MistralFormat",
     "Parsed",
+    "StreamEnd",
     "ToolCall",
     "ToolFormat",
     "call_id",
+    "call_stream",
     "detect_format",
 ]
 
@@ -245,6 +254,10 @@ class ToolFormat:
         """In a partial output: the index from which text must be held back because a call
         may have begun there (or the whitespace before one); None if all of it is content."""
         raise NotImplementedError
+
+    def mint_id(self) -> str:
+        """An id for a call the model wrote none for (or writes after its arguments)."""
+        return call_id()
 
     def _call_schema(self, fn: Mapping[str, Any]) -> dict[str, Any]:
         return {
@@ -514,6 +527,10 @@ class MistralFormat(ToolFormat):
     prefix = _TOOL_CALLS + "["
     suffix = "]"
 
+    def mint_id(self) -> str:
+        # Mistral's templates take 9 alphanumerics and nothing else back in the history.
+        return "".join(secrets.choice(_ID_ALPHABET) for _ in range(9))
+
     def _call_schema(self, fn: Mapping[str, Any]) -> dict[str, Any]:
         # As llama.cpp's common_chat_params_init_mistral_nemo: the model writes the id, and
         # Mistral's templates refuse any but 9 alphanumerics when it comes back in history.
@@ -618,11 +635,13 @@ class GenericFormat(ToolFormat):
         return None
 
     def json_schema(
-        self, tools: Sequence[Mapping[str, Any]], *, required: bool, parallel: bool
+        self, tools: Sequence[Mapping[str, Any]], *, required: bool, parallel: bool,
+        response: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The schema of the whole output: the call(s) shape, or else (unless ``required``)
-        ``{"response": str}``; as llama.cpp's common_chat_params_init_generic, without the
-        ids it demands for parallel calls (call ids are minted by the server)."""
+        ``{"response": str}``, or ``{"response": <response>}`` with a response format's
+        schema; as llama.cpp's common_chat_params_init_generic, without the ids it demands
+        for parallel calls (call ids are minted by the server)."""
         functions = _functions(tools)
         branches: list[dict[str, Any]] = []
         if functions:
@@ -636,7 +655,7 @@ class GenericFormat(ToolFormat):
         elif required:
             raise ValueError("a tool call is required but there are no tools")
         if not required:
-            branches.append(_wrapper("response", {"type": "string"}))
+            branches.append(_wrapper("response", dict(response or {"type": "string"})))
         return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
     def system_prompt(self, tools: Sequence[Mapping[str, Any]], parallel: bool) -> str:
@@ -694,3 +713,741 @@ def detect_format(chat_template: str) -> ToolFormat:
     if _TOOL_CALLS in t:
         return MISTRAL
     return GENERIC
+
+
+# --- reading calls while they are generated ---------------------------------------------
+#
+# ``CallStream`` reads one output as it is generated and says, after every piece, what may
+# go out: content (only up to where a call may begin, as ``call_start``) and call deltas
+# (a call's id and name once its name is read, then its arguments as they are written).
+# The arguments streamed are the canonical text ``parse`` gives (json.dumps with
+# ensure_ascii=False) as far as it is certain: ``_Json`` re-serialises the model's JSON
+# one character at a time, so a number goes out when it ends and a string as it is
+# written. Whatever the pieces, the result is the same as reading the whole output at once.
+
+Path = tuple[str | int, ...]
+_JSON_WS = " \t\n\r"
+_STRING_RUN = re.compile(r'[^"\\\x00-\x1f]+')
+_KEY = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NUMBER_RUN = re.compile(r"[-+0-9.eE]+")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
+_LITERAL_RUN = re.compile(r"[a-zA-Z]+")
+_LITERALS = frozenset(("true", "false", "null"))
+_HEX4 = re.compile(r"[0-9a-fA-F]{4}")
+_SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n",
+                   "r": "\r", "t": "\t"}
+
+
+def _dump_chars(text: str) -> str:
+    """``text`` as the inside of a canonical JSON string."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+class _Span:
+    """The canonical text of one watched value, as far as it is known."""
+
+    __slots__ = ("closed", "kind", "order", "parts")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind  # its first character: '{', '[', '"', a digit or '-', or a letter
+        self.parts: list[str] = []
+        self.closed = False
+        self.order = 0  # closed as the order-th watched value
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def value(self) -> Any:
+        return _DECODER.decode(self.text())
+
+
+class _Frame:
+    __slots__ = ("count", "key", "kind", "path", "state")
+
+    def __init__(self, kind: str, path: Path) -> None:
+        self.kind, self.path = kind, path
+        self.state = "first"  # first | key | colon | value | in | next
+        self.count = 0  # array: the index of the element being read
+        self.key = ""  # object: the key whose value is read
+
+
+class _Json:
+    """One JSON value read incrementally: ``feed(text, pos)`` reads what it can of the text
+    (the whole output so far; it always starts where it stopped) and returns where it
+    stopped; ``done`` once the value is complete. The values whose path ``watch`` accepts
+    get a ``_Span`` in ``spans``. Raises _Malformed where the text stops being JSON (as
+    Python's json module reads it: no NaN, no control characters in strings)."""
+
+    def __init__(self, watch: Callable[[Path], bool]) -> None:
+        self.watch = watch
+        self.spans: dict[Path, _Span] = {}
+        self.done = False
+        self._open: list[tuple[Path, _Span]] = []  # watched values being read
+        self._stack: list[_Frame] = []
+        self._string: Path | None = None  # the path of the string being read
+        self._closed = 0
+
+    def _emit(self, text: str) -> None:
+        for _, span in self._open:
+            span.parts.append(text)
+
+    def _start(self, path: Path, first: str) -> None:
+        if self.watch(path):
+            span = _Span(first)
+            self.spans[path] = span
+            self._open.append((path, span))
+        if self._stack:
+            self._stack[-1].state = "in"
+
+    def _end(self, path: Path) -> None:
+        if self._open and self._open[-1][0] == path:
+            span = self._open.pop()[1]
+            self._closed += 1
+            span.closed, span.order = True, self._closed
+        if self._stack:
+            self._stack[-1].state = "next"
+        else:
+            self.done = True
+
+    def feed(self, text: str, pos: int) -> int:
+        n = len(text)
+        while pos < n and not self.done:
+            if self._string is not None:
+                pos = self._read_string(text, pos)
+                if self._string is not None:
+                    return pos  # the text ends inside the string
+                continue
+            c = text[pos]
+            if c in _JSON_WS:
+                pos += 1
+                continue
+            frame = self._stack[-1] if self._stack else None
+            if frame is None or frame.state in ("value", "in") or (
+                    frame.kind == "[" and frame.state == "first" and c != "]"):
+                if frame is None:
+                    path: Path = ()
+                elif frame.kind == "{":
+                    path = (*frame.path, frame.key)
+                else:
+                    path = (*frame.path, frame.count)
+                end = self._value(text, pos, path)
+                if end == pos:
+                    return pos  # a number or literal that may go on
+                pos = end
+            elif frame.kind == "{":
+                pos = self._in_object(frame, text, pos)
+                if pos < 0:
+                    return -pos - 1
+            elif c == ",":
+                if frame.state != "next":
+                    raise _Malformed("',' out of place")
+                self._emit(", ")
+                frame.count += 1
+                frame.state = "value"
+                pos += 1
+            elif c == "]" and frame.state in ("first", "next"):
+                self._emit("]")
+                self._stack.pop()
+                self._end(frame.path)
+                pos += 1
+            else:
+                raise _Malformed(f"unexpected {c!r} in an array")
+        return pos
+
+    def _in_object(self, frame: _Frame, text: str, pos: int) -> int:
+        """One step inside an object, at a character that is not whitespace; -(pos + 1)
+        when it must wait for more text."""
+        c = text[pos]
+        if frame.state in ("first", "key") and c == '"':
+            m = _KEY.match(text, pos)
+            if m is None:
+                return -(pos + 1)  # keys are short: read whole once their quote closes
+            try:
+                key = _DECODER.decode(m.group())
+            except ValueError as exc:
+                raise _Malformed(str(exc)) from exc
+            if not isinstance(key, str):  # pragma: no cover - a JSON string decodes to str
+                raise _Malformed("a key is not a string")
+            self._emit(json.dumps(key, ensure_ascii=False) + ": ")
+            frame.key, frame.state = key, "colon"
+            return m.end()
+        if frame.state == "colon" and c == ":":
+            frame.state = "value"
+            return pos + 1
+        if frame.state == "next" and c == ",":
+            self._emit(", ")
+            frame.state = "key"
+            return pos + 1
+        if frame.state in ("first", "next") and c == "}":
+            self._emit("}")
+            self._stack.pop()
+            self._end(frame.path)
+            return pos + 1
+        raise _Malformed(f"unexpected {c!r} in an object")
+
+    def _value(self, text: str, pos: int, path: Path) -> int:
+        """The start of a value at pos; returns pos unchanged when a number or literal
+        reaches the end of the text (it may go on)."""
+        c = text[pos]
+        if c in "{[":
+            self._start(path, c)
+            self._emit(c)
+            self._stack.append(_Frame(c, path))
+            return pos + 1
+        if c == '"':
+            self._start(path, c)
+            self._emit('"')
+            self._string = path
+            return pos + 1
+        run = (_NUMBER_RUN if c == "-" or c.isdigit() else _LITERAL_RUN).match(text, pos)
+        if run is None:
+            raise _Malformed(f"unexpected {c!r} where a value starts")
+        if run.end() == len(text):
+            return pos
+        token = run.group()
+        if token in _LITERALS:
+            canonical = token
+        elif _NUMBER.fullmatch(token):
+            canonical = json.dumps(_DECODER.decode(token))
+        else:
+            raise _Malformed(f"{token!r} is not a JSON value")
+        self._start(path, c)
+        self._emit(canonical)
+        self._end(path)
+        return run.end()
+
+    def _read_string(self, text: str, pos: int) -> int:
+        """Inside a string value: what can be read of it from pos (an escape cut short by the
+        end of the text waits, as does a high surrogate whose pair may follow)."""
+        n = len(text)
+        while pos < n:
+            run = _STRING_RUN.match(text, pos)
+            if run is not None:
+                self._emit(run.group())
+                pos = run.end()
+                continue
+            c = text[pos]
+            if c == '"':
+                self._emit('"')
+                path, self._string = self._string, None
+                assert path is not None
+                self._end(path)
+                return pos + 1
+            if c != "\\":
+                raise _Malformed("a control character in a string")
+            if pos + 1 >= n:
+                return pos
+            e = text[pos + 1]
+            if e in _SIMPLE_ESCAPES:
+                self._emit(_dump_chars(_SIMPLE_ESCAPES[e]))
+                pos += 2
+                continue
+            if e != "u":
+                raise _Malformed(f"invalid escape \\{e}")
+            if pos + 6 > n:
+                return pos
+            code = self._hex(text, pos + 2)
+            end = pos + 6
+            if 0xD800 <= code <= 0xDBFF:
+                # as Python's scanner: a low surrogate escape right after joins it
+                follow = text[end:end + 6]
+                if follow[:2] == "\\u"[: len(follow[:2])] and len(follow) < 6:
+                    return pos  # the pair may be on its way
+                if follow[:2] == "\\u":
+                    low = self._hex(text, end + 2)
+                    if 0xDC00 <= low <= 0xDFFF:
+                        code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
+                        end += 6
+            self._emit(_dump_chars(chr(code)))
+            pos = end
+        return pos
+
+    @staticmethod
+    def _hex(text: str, pos: int) -> int:
+        digits = text[pos:pos + 4]
+        if not _HEX4.fullmatch(digits):
+            raise _Malformed("invalid \\u escape")
+        return int(digits, 16)
+
+
+@dataclass(frozen=True)
+class CallDelta:
+    """What one call gained: its first delta has the id and name (and arguments ""), the
+    next ones arguments only."""
+
+    index: int
+    arguments: str = ""
+    id: str = ""
+    name: str = ""
+
+
+@dataclass
+class StreamEnd:
+    """The end of an output: what is still to send, and the reply as a whole."""
+
+    content_rest: str  # content not sent yet
+    deltas: list[CallDelta]  # calls or arguments not sent yet
+    content: str  # the whole content
+    calls: list[ToolCall]  # the whole calls, with the ids the client got
+    aliases: dict[str, str]  # an id the client got -> the id the model wrote for that call
+
+
+class _Call:
+    """One call being read: its name and id once known, the arguments sent so far."""
+
+    def __init__(self, index: int, path: Path | None, name: str = "", model_id: str = "",
+                 args_paths: Sequence[Path] = ()) -> None:
+        self.index, self.path = index, path  # path None: the JSON read is the arguments
+        self.name = name
+        self.model_id = model_id
+        self.args_paths = tuple(args_paths)
+        self.id = ""
+        self.announced = False
+        self.args_span: _Span | None = None
+        self.taken = 0  # parts of args_span sent
+        self.arguments = ""
+        self.done = False
+
+
+class CallStream:
+    """One output of ``fmt`` read as it is generated: ``feed(piece)`` -> (content, call
+    deltas) that may go out now; ``finish()`` -> ``StreamEnd``.
+
+    A call counts from the moment its name is read: its first delta goes out then. Before
+    that, text that turns out not to be a call is content and everything is as ``parse``
+    reads the finished output (a malformed call makes the whole output content). After
+    it, nothing can be taken back: if the output then stops being well-formed (cut by
+    max_tokens, or broken JSON where no grammar holds it), the calls read so far stay,
+    the last with its arguments as far as they went (OpenAI does the same for a call cut
+    by max_tokens), and the rest of the output is not read. The generic format's string
+    ``response`` counts the same way: it goes out as content while it is written. For
+    every output that ``parse`` reads as calls, the result is ``parse``'s (tested
+    property); a call's id is the model's only where it wrote it before the name.
+
+    ``strict``: a Llama 3.x JSON object is a call only if it has arguments too (with
+    ``response_format``, the answer may be an object with a "name")."""
+
+    def __init__(self, fmt: ToolFormat, *, strict: bool = False) -> None:
+        self.fmt = fmt
+        # only llama3_json's calls look like an answer: the others have their markers
+        self.strict = strict and fmt.name == LLAMA3_JSON.name
+        self.text = ""
+        self.pos = 0  # where reading stopped
+        self.seg = 0  # where the content piece being read starts
+        self.hold: int | None = None  # where content must stop (None: the end)
+        self.pieces: list[str] = []  # the content pieces before calls
+        self.calls: list[_Call] = []
+        self.content_sent = ""
+        self.state = "content"  # content | json | close | all-content | frozen | ...
+        self.json: _Json | None = None
+        self.closes: list[str] = []
+        self.response: _Span | None = None  # generic: the "response" string being read
+        self.response_taken = 0
+        self.response_text = ""
+        self._deltas: list[CallDelta] = []
+        self._elements = 0  # calls created from an array's elements
+        self._array = False  # mistral: the calls come as a JSON array
+        self._search = 0  # where to look for the next call
+
+    @property
+    def committed(self) -> bool:
+        return self.response is not None or any(c.announced for c in self.calls)
+
+    # ---------------------------------------------------------------- driving
+    def feed(self, piece: str) -> tuple[str, list[CallDelta]]:
+        self.text += piece
+        self._run(final=False)
+        return self._content_delta(self._content()), self._take_deltas()
+
+    def finish(self) -> StreamEnd:
+        self._run(final=True)
+        aliases: dict[str, str] = {}
+        if not self.committed:
+            # Nothing went out as a call: the reading of the finished output decides.
+            parsed = Parsed(self.text, []) if self.strict else self.fmt.parse(self.text)
+            content, calls = parsed.content, [
+                ToolCall(c.name, c.arguments, c.id or self.fmt.mint_id()) for c in parsed.calls]
+            deltas = [d for i, c in enumerate(calls) for d in (
+                CallDelta(i, "", c.id, c.name), CallDelta(i, c.arguments))]
+        else:
+            content = self._content(final=True)
+            deltas = self._take_deltas()
+            calls = []
+            for c in self.calls:
+                if not c.announced:
+                    continue
+                calls.append(ToolCall(c.name, c.arguments, c.id))
+                if c.model_id and c.model_id != c.id:
+                    aliases[c.id] = c.model_id
+        rest = self._content_delta(content)
+        return StreamEnd(rest, [d for d in deltas if d.name or d.arguments], content, calls,
+                         aliases)
+
+    def _run(self, final: bool) -> None:
+        if self.state in ("frozen", "all-content"):
+            return
+        try:
+            self._advance(final)
+            if final and self.state in ("json", "close", "head", "args"):
+                self._incomplete()
+        except _Malformed:
+            self._break()
+
+    def _break(self) -> None:
+        # Before any call went out, a malformed call makes the whole output content (as
+        # parse reads it); after, what went out stays.
+        self.state = "frozen" if self.committed else "all-content"
+        self.hold = None
+
+    def _incomplete(self) -> None:
+        """The output ended inside a call (cut by max_tokens)."""
+        if self.json is not None:
+            self._on_json()
+        self._break()
+
+    def _take_deltas(self) -> list[CallDelta]:
+        out, self._deltas = self._deltas, []
+        return out
+
+    # ---------------------------------------------------------------- content
+    def _content(self, final: bool = False) -> str:
+        if self.state == "all-content":
+            return self.text
+        if self.response is not None:
+            return self.response_text
+        if self.state == "content":
+            end = len(self.text) if final or self.hold is None else self.hold
+            return _join_content([*self.pieces, self.text[self.seg:end]])
+        return _join_content(self.pieces) if self.pieces else ""
+
+    def _content_delta(self, content: str) -> str:
+        if not content.startswith(self.content_sent):  # pragma: no cover - a bug if seen
+            return ""
+        out = content[len(self.content_sent):]
+        self.content_sent = content
+        return out
+
+    # ---------------------------------------------------------------- calls
+    def _open_json(self, pos: int, watch: Callable[[Path], bool]) -> None:
+        self.json = _Json(watch)
+        self.pos = pos
+        self.state = "json"
+
+    def _feed_json(self) -> bool:
+        """Reads on in the JSON; True once it is complete. What was read before a
+        malformed part still goes out, so that the pieces the text came in change
+        nothing."""
+        assert self.json is not None
+        try:
+            self.pos = self.json.feed(self.text, self.pos)
+        except _Malformed:
+            with contextlib.suppress(_Malformed):
+                self._on_json()
+            raise
+        self._on_json()
+        return self.json.done
+
+    def _on_json(self) -> None:
+        """After JSON was read: the calls it holds."""
+        self._update_calls()
+
+    def _update_calls(self) -> None:
+        assert self.json is not None
+        spans = self.json.spans
+        for call in self.calls:
+            if call.done:
+                continue
+            obj = spans.get(call.path) if call.path is not None else None
+            if call.path is not None and obj is None:
+                continue
+            if obj is not None and obj.kind != "{":
+                raise _Malformed("a call is not an object")
+            if not call.announced:
+                if not call.name and call.path is not None:  # bare arguments come named
+                    name = spans.get((*call.path, "name"))
+                    if name is None or not name.closed:
+                        if obj is not None and obj.closed:
+                            raise _Malformed("a call has no name")
+                        continue
+                    value = name.value()
+                    if not isinstance(value, str) or not value:
+                        raise _Malformed("a call has no name")
+                    call.name = value
+                    # The model's id goes out if it was written before the name; one
+                    # written later is too late for the first delta (the text decides,
+                    # not how it was cut into pieces).
+                    given = spans.get((*call.path, "id"))
+                    if given is not None and given.closed and given.order < name.order \
+                            and isinstance(given.value(), str):
+                        call.model_id = given.value()
+                if self.strict and call.path is not None and not any(
+                        p in spans for p in call.args_paths):
+                    if obj is not None and obj.closed:
+                        raise _Malformed("no arguments: not a call")
+                    continue
+                self._announce(call)
+            if call.args_span is None:
+                call.args_span = next((spans[p] for p in call.args_paths if p in spans), None)
+            span = call.args_span
+            if span is not None and span.kind == "{":
+                piece = "".join(span.parts[call.taken:])
+                call.taken = len(span.parts)
+                self._send_args(call, piece)
+            elif span is not None and span.closed and not call.arguments:
+                self._send_args(call, _arguments(span.value()))  # a string holding JSON
+            if obj is not None and obj.closed or call.path is None and span is not None \
+                    and span.closed:
+                if span is None:
+                    self._send_args(call, "{}")
+                if call.path is not None:
+                    given = spans.get((*call.path, "id"))
+                    if given is not None and isinstance(given.value(), str):
+                        call.model_id = given.value()
+                call.done = True
+
+    def _send_args(self, call: _Call, piece: str) -> None:
+        if piece:
+            call.arguments += piece
+            self._deltas.append(CallDelta(call.index, piece))
+
+    def _new_call(self, path: Path | None, args_keys: Sequence[str], name: str = "") -> _Call:
+        args_paths = [(*path, k) for k in args_keys] if path is not None else [()]
+        call = _Call(len(self.calls), path, name, "", args_paths)
+        self.calls.append(call)
+        return call
+
+    def _announce(self, call: _Call) -> None:
+        call.id = call.model_id or self.fmt.mint_id()
+        call.announced = True
+        self._deltas.append(CallDelta(call.index, "", call.id, call.name))
+
+    def _advance(self, final: bool) -> None:
+        raise NotImplementedError
+
+
+def _call_watch(prefix_len: int) -> Callable[[Path], bool]:
+    """Watch call objects at depth ``prefix_len`` and their members."""
+    def watch(path: Path) -> bool:
+        return len(path) in (prefix_len, prefix_len + 1)
+    return watch
+
+
+class _HermesStream(CallStream):
+    def _advance(self, final: bool) -> None:
+        fmt = self.fmt
+        assert isinstance(fmt, HermesFormat)
+        while True:
+            if self.state == "content":
+                floor = _after_think(self.text) if not self.calls else self._search
+                if floor < 0:
+                    self.hold = None  # inside a leading think block: content
+                    return
+                search = max(floor, self._search)
+                found = fmt._find(self.text, search, partial=not final)
+                if found is None or found[1] is None:
+                    at = len(self.text) if found is None else found[0]
+                    self.hold = _hold_from(self.text, max(search, self.seg), at)
+                    return
+                at, opener, end, name = found
+                assert opener is not None
+                self.pieces.append(self.text[self.seg:at])
+                self.hold = None
+                if opener.named:
+                    self._announce(self._new_call(None, (), name))
+                    self.pos, self.state = end, "args"
+                else:
+                    self._new_call((), ("arguments", "parameters"))
+                    self._open_json(self.text.rfind("{", at, end), _call_watch(0))
+                self.closes = list(opener.closes)
+            elif self.state == "args":  # <function=NAME>: the arguments object follows
+                start = _skip_ws(self.text, self.pos)
+                if start == len(self.text):
+                    return
+                self._open_json(start, lambda path: path == ())
+            elif self.state == "json":
+                if not self._feed_json():
+                    return
+                self.state = "close"
+            elif self.state == "close":
+                while self.closes:
+                    at = _skip_ws(self.text, self.pos)
+                    close = self.closes[0]
+                    if self.text.startswith(close, at):
+                        self.pos = at + len(close)
+                        self.closes.pop(0)
+                    elif close.startswith(self.text[at:]):
+                        if not final:
+                            return
+                        self.pos = len(self.text)  # stopped before or inside the close tag
+                        self.closes = []
+                    else:
+                        raise _Malformed(f"no {close} after a call")
+                self.seg = self._search = self.pos
+                self.state = "content"
+            else:  # pragma: no cover
+                return
+
+
+class _Llama3Stream(CallStream):
+    def _advance(self, final: bool) -> None:
+        while True:
+            if self.state == "content":  # where a call may start
+                start = _skip_ws(self.text, self.pos)
+                rest = self.text[start:]
+                at = start
+                if rest.startswith(_PYTHON_TAG):
+                    at = _skip_ws(self.text, start + len(_PYTHON_TAG))
+                    rest = self.text[at:]
+                    if not rest and not final:
+                        return
+                elif rest and _PYTHON_TAG.startswith(rest) and not final:
+                    return
+                if not rest:
+                    return
+                if rest[0] != "{":
+                    if not self.calls:
+                        self.state = "all-content"
+                        return
+                    self.seg, self.state = start, "tail"
+                    return
+                self._new_call((), ("parameters", "arguments"))
+                self._open_json(at, _call_watch(0))
+            elif self.state == "json":
+                if not self._feed_json():
+                    return
+                at = _skip_ws(self.text, self.pos)
+                if at == len(self.text) and not final:
+                    return
+                if self.text.startswith(";", at):
+                    at += 1
+                self.pos, self.state = at, "content"
+            else:
+                return
+
+    def _content(self, final: bool = False) -> str:
+        # Calls come first or not at all: before them nothing is content yet; after
+        # them, what is not a call.
+        if self.state == "tail":
+            return self.text[self.seg:].strip()
+        return self.text if self.state == "all-content" else ""
+
+
+class _MistralStream(CallStream):
+    def _advance(self, final: bool) -> None:
+        while True:
+            if self.state == "content":
+                at = self.text.find(_TOOL_CALLS, self._search)
+                if at < 0:
+                    cut = len(self.text) if final else _partial_tail(self.text, _TOOL_CALLS)
+                    self.hold = _hold_from(self.text, self.seg, cut)
+                    return
+                self.pieces.append(self.text[self.seg:at])
+                self.hold = None
+                self.pos, self.state = at + len(_TOOL_CALLS), "head"
+            elif self.state == "head":
+                start = _skip_ws(self.text, self.pos)
+                if start == len(self.text):
+                    return
+                self._array = self.text[start] == "["
+                if self.text[start] == "{":
+                    self._new_call((), ("arguments",))
+                    self._open_json(start, _call_watch(0))
+                elif self._array:
+                    self._elements = 0
+                    self._open_json(start, _call_watch(1))
+                else:
+                    head = _NEW_MISTRAL_HEAD.match(self.text, self.pos)
+                    if head is None:
+                        return  # it may still come; finish() treats it as malformed
+                    call = self._new_call(None, (), head.group(1))
+                    call.model_id = head.group(2) or ""
+                    self._announce(call)
+                    self.pos, self.state = head.end(), "args"
+            elif self.state == "args":  # NAME[ARGS]: the arguments object follows
+                start = _skip_ws(self.text, self.pos)
+                if start == len(self.text):
+                    return
+                self._open_json(start, lambda path: path == ())
+            elif self.state == "json":
+                if not self._feed_json():
+                    return
+                if self._array and not self._elements:
+                    raise _Malformed("an empty call list")
+                self.seg = self._search = self.pos
+                self.state = "content"
+            else:
+                return
+
+    def _on_json(self) -> None:
+        assert self.json is not None
+        if self._array:
+            while (self._elements,) in self.json.spans:
+                self._new_call((self._elements,), ("arguments",))
+                self._elements += 1
+        self._update_calls()
+
+
+class _GenericStream(CallStream):
+    def _advance(self, final: bool) -> None:
+        if self.state == "content":
+            start = _skip_ws(self.text, 0)
+            if start == len(self.text):
+                self.hold = 0 if not final else None
+                return
+            if self.text[start] != "{":
+                self.state = "all-content"
+                return
+            self.hold = 0
+
+            def watch(path: Path) -> bool:
+                if not path or path[0] not in ("tool_call", "tool_calls", "response"):
+                    return False
+                return len(path) <= (2 if path[0] == "tool_call" else 3) and (
+                    path[0] != "response" or len(path) == 1)
+
+            self._open_json(start, watch)
+        if self.state == "json":
+            assert self.json is not None
+            if not self._feed_json():
+                return
+            if _skip_ws(self.text, self.pos) != len(self.text):
+                raise _Malformed("not one JSON object")
+            if not self.committed and not final:
+                return  # parse decides at the end (no calls, or a non-string response)
+            self.state = "done"
+
+    def _on_json(self) -> None:
+        assert self.json is not None
+        spans = self.json.spans
+        listed = spans.get(("tool_calls",))
+        if listed is not None and listed.kind != "[":
+            raise _Malformed("tool_calls is not a list")
+        if ("tool_call",) in spans and not self.calls:
+            self._new_call(("tool_call",), ("arguments",))
+        while ("tool_calls", self._elements) in spans:
+            self._new_call(("tool_calls", self._elements), ("arguments",))
+            self._elements += 1
+        self._update_calls()
+        response = spans.get(("response",))
+        if response is not None and response.kind == '"' and not self.calls:
+            # a string answer: content, decoded as it is written
+            self.response = response
+            for part in response.parts[self.response_taken:]:
+                self.response_text += _DECODER.decode(f'"{part}"') if part != '"' else ""
+            self.response_taken = len(response.parts)
+
+    def _content(self, final: bool = False) -> str:
+        if self.state == "all-content" or self.response is not None:
+            return super()._content(final)
+        return ""
+
+
+_STREAMS: dict[str, type[CallStream]] = {
+    "hermes": _HermesStream, "llama3_json": _Llama3Stream, "mistral": _MistralStream,
+    "generic": _GenericStream,
+}
+
+
+def call_stream(fmt: ToolFormat, *, strict: bool = False) -> CallStream:
+    """A reader of one output of ``fmt`` as it is generated (``CallStream``)."""
+    return _STREAMS[fmt.name](fmt, strict=strict)
