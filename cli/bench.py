@@ -331,3 +331,7 @@ bench.add_command(tools_bench)
 from .bench_prefix import prefix_bench  # noqa: E402  (suffixd bench prefix)
 
 bench.add_command(prefix_bench)
+
+from .bench_structured import structured_bench  # noqa: E402  (suffixd bench structured)
+
+bench.add_command(structured_bench)

@@ -144,9 +144,10 @@ class LlamaServer:
         raise TimeoutError(f"llama-server ({self.spec_type}) did not become ready")
 
     def complete(self, prompt: Sequence[int], max_tokens: int,
-                 grammar: str | None = None) -> Turn:
-        """One greedy completion of ``prompt`` (constrained by the GBNF ``grammar``). With
-        several slots, llama-server picks one (the longest common prefix with the prompt)."""
+                 grammar: str | None = None, json_schema: Any = None) -> Turn:
+        """One greedy completion of ``prompt`` (constrained by the GBNF ``grammar``, or by
+        the grammar llama-server builds itself from ``json_schema``). With several slots,
+        llama-server picks one (the longest common prefix with the prompt)."""
         req_body: dict[str, Any] = {
             "prompt": list(prompt), "n_predict": max_tokens, "temperature": 0.0,
             "cache_prompt": True, "return_tokens": True,
@@ -154,6 +155,8 @@ class LlamaServer:
         }
         if grammar is not None:
             req_body["grammar"] = grammar
+        if json_schema is not None:
+            req_body["json_schema"] = json_schema
         body = json.dumps(req_body).encode()
         req = urllib.request.Request(self.url + "/completion", data=body,
                                      headers={"Content-Type": "application/json"})

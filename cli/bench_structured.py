@@ -1,0 +1,158 @@
+"""`suffixd bench structured`: constrained output through the endpoint, side by side with
+llama-server building its own grammar for the same request.
+
+Each case is a chat (prompts of our own, none of them in the tests) with a
+``response_format`` (``json_object`` or a ``json_schema``):
+
+* suffixd: ``/v1/chat/completions`` (its chat renderer, its converter, its verifier,
+  drafts), greedy, each case in a namespace of its own, asked twice (the second answer is
+  drafted from the first and must equal it);
+* llama-server (plain decoding): the very prompt tokens the daemon renders, on
+  ``/completion`` with ``json_schema`` set to the request's schema, so that llama-server
+  converts it with its own ``json_schema_to_grammar`` (the measure of record of issue 34:
+  not the grammar suffixd built).
+
+Reported per case: equal or where the texts part, and both texts' starts; and how many
+cases are equal. Where they part, the texts are also checked as JSON (whether each
+parses and validates against the schema).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .llama_server import llama_server_options
+
+# (name, user message, response_format schema or None for json_object)
+CASES: list[tuple[str, str, dict[str, Any] | None]] = [
+    ("json_object_concert", "Describe one concert at a stadium as a JSON object.", None),
+    ("json_object_query", "Give the SQL query that lists singers older than 30, as JSON.",
+     None),
+    ("sql_and_tables", "Which SQL counts the stadiums, and which tables does it read?", {
+        "type": "object", "properties": {"sql": {"type": "string"},
+                                         "tables": {"type": "array", "items": {"type": "string"}}},
+        "required": ["sql", "tables"]}),
+    ("person_record", "Make up a record for a singer from France.", {
+        "type": "object", "properties": {
+            "name": {"type": "string"}, "age": {"type": "integer", "minimum": 16},
+            "country": {"type": "string"}, "is_male": {"type": "boolean"}},
+        "required": ["name", "age", "country", "is_male"]}),
+    ("status_enum", "Is the query 'SELECT * FROM singer' valid? Answer with a status.", {
+        "type": "object", "properties": {
+            "status": {"enum": ["valid", "invalid", "unknown"]},
+            "reason": {"type": "string"}}, "required": ["status", "reason"]}),
+    ("steps_list", "Plan the steps to find the youngest singer.", {
+        "type": "object", "properties": {"steps": {"type": "array", "items": {
+            "type": "object", "properties": {"n": {"type": "integer"},
+                                             "action": {"type": "string"}},
+            "required": ["n", "action"]}}}, "required": ["steps"]}),
+]
+
+
+@click.command("structured")
+@click.option("--max-tokens", default=64, show_default=True)
+@click.option("--model", default=None, help="GGUF path or packaged name (default: embedded).")
+@click.option("--threads", default=2, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@llama_server_options
+def structured_bench(max_tokens: int, model: str | None, threads: int, as_json: bool,
+                     llama_server: str | None, spec_types: str | None, ls_flash_attn: str,
+                     ls_plain: bool) -> None:
+    """Greedy response_format answers: suffixd's endpoint against llama-server's own grammar."""
+    import openai
+
+    from ..daemon.generation.chat import ChatRenderer
+    from ..daemon.generation.verifier import Verifier
+    from ..daemon.model import resolve_model_path
+    from .bench_http import _start_daemon, wait_measured
+    from .llama_server import LlamaServer
+
+    if not llama_server:
+        raise click.UsageError("--llama-server PATH is required (bench/build_llama_server.sh)")
+    model_path = resolve_model_path(model)
+    renderer_v = Verifier(model_path, n_ctx=512, n_slots=1, n_threads=1)
+    renderer = ChatRenderer(renderer_v)
+    tmp = Path(tempfile.mkdtemp(prefix="suffixd-bench-structured-"))
+    proc, target, base = _start_daemon(tmp / "data", model, threads, 4096)
+    server = LlamaServer(llama_server, model_path, threads=threads, n_ctx=4096,
+                         flash_attn="off")  # as suffixd's verifier: equal numerics
+    rows: list[dict[str, Any]] = []
+    try:
+        wait_measured(proc, target)
+        server.wait_ready()
+        oai = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=600)
+        for name, question, schema in CASES:
+            messages = [{"role": "user", "content": question}]
+            fmt: dict[str, Any] = {"type": "json_object"} if schema is None else {
+                "type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+            answers = []
+            for attempt in ("plain", "drafted"):
+                r = oai.chat.completions.create(
+                    model="default", messages=messages, max_tokens=max_tokens,  # type: ignore[arg-type]
+                    temperature=0, response_format=fmt,  # type: ignore[arg-type]
+                    extra_headers={"X-Suffixd-Namespace": f"structured-{name}",
+                                   "X-Suffixd-Session": f"{name}-{attempt}"})
+                answers.append((r.choices[0].message.content or "",
+                                (r.model_extra or {}).get("suffixd", {})))
+            prompt = renderer.tokens(messages)
+            turn = server.complete(prompt, max_tokens,
+                                   json_schema=schema if schema is not None else {})
+            theirs = renderer_v.detokenize(turn.tokens)
+            ours = answers[0][0]
+            part = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False))
+                         if a != b), min(len(ours), len(theirs)))
+            rows.append({
+                "case": name, "equal": ours == theirs,
+                "drafted_equal": answers[1][0] == ours,
+                "drafted_accepted": int(answers[1][1].get("accepted", 0)),
+                "parts_at_char": None if ours == theirs else part,
+                "suffixd": ours, "llama_server": theirs,
+                "suffixd_json": _json_state(ours, schema),
+                "llama_server_json": _json_state(theirs, schema),
+            })
+    finally:
+        server.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        renderer_v.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    equal = sum(r["equal"] for r in rows)
+    if as_json:
+        click.echo(json.dumps({"cases": rows, "equal": equal, "of": len(rows),
+                               "max_tokens": max_tokens}, indent=1))
+        return
+    click.echo(f"greedy response_format answers, {max_tokens} tokens: suffixd endpoint vs "
+               f"llama-server's own grammar (/completion json_schema)")
+    for r in rows:
+        verdict = "equal" if r["equal"] else f"part at char {r['parts_at_char']}"
+        click.echo(f"  {r['case']:<22} {verdict:<18} drafted repeat "
+                   f"{'equal' if r['drafted_equal'] else 'DIFFERS'} "
+                   f"({r['drafted_accepted']} accepted)")
+        if not r["equal"]:
+            click.echo(f"      suffixd:      {r['suffixd'][:100]!r} [{r['suffixd_json']}]")
+            click.echo(f"      llama-server: {r['llama_server'][:100]!r} "
+                       f"[{r['llama_server_json']}]")
+    click.echo(f"equal: {equal} of {len(rows)}")
+
+
+def _json_state(text: str, schema: dict[str, Any] | None) -> str:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return "not closed (max tokens) or not JSON"
+    try:
+        import jsonschema
+    except ImportError:  # the test extra: without it, parsing is what is reported
+        return "parses"
+    try:
+        jsonschema.validate(value, schema or {"type": "object"})
+    except jsonschema.ValidationError as exc:
+        return f"breaks the schema: {exc.message}"
+    return "valid"
