@@ -63,6 +63,9 @@ PATHOLOGICAL = [
      "max_properties"),
     ({"const": "x" * 20000}, "max_literal_bytes"),
     ({"type": "string", "pattern": "^" + "a" * 3000 + "$"}, "max_pattern_chars"),
+    ({"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 1000}
+                                       for i in range(200)}}, "max_expanded_repetitions"),
+    ({"enum": [f"value {i} " * 30 for i in range(1000)]}, "max_grammar_bytes"),
 ]
 
 

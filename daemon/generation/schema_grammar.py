@@ -117,7 +117,11 @@ class GrammarLimits:
     max_repetition: int = 1_000  # minLength/maxLength/minItems/maxItems and {m,n} in patterns
     max_pattern_chars: int = 2_000
     max_rules: int = 5_000
-    max_grammar_bytes: int = 262_144
+    max_grammar_bytes: int = 131_072
+    # llama.cpp expands x{m,n} into n rules when it parses the grammar: the sum over the
+    # grammar's counted repetitions is what its compile time follows (200 strings of
+    # maxLength 1000: 240 ms; 20,000 in all: ~25 ms)
+    max_expanded_repetitions: int = 20_000
     max_seconds: float = 0.5  # conversion time of one request
 
 
@@ -184,7 +188,7 @@ class _Reader:
             raise self.over(path, "the nesting of schemas", "max_depth", self.limits.max_depth)
         if time.monotonic() > self.deadline:
             raise SchemaLimitError(
-                f"reading the schema took longer than {self.limits.max_seconds} s",
+                f"reading the schema took longer than {self.limits.max_seconds} s (max_seconds)",
                 "max_seconds")
         if not isinstance(schema, Mapping):
             raise self.fail(path, "schema must be an object")
@@ -617,15 +621,16 @@ class _Writer:
             self.size += len(key) + len(rule) + 6
             if len(self.rules) >= self.limits.max_rules:
                 raise SchemaLimitError(
-                    f"the grammar has more than {self.limits.max_rules} rules", "max_rules")
+                    f"the grammar has more than {self.limits.max_rules} rules (max_rules)",
+                    "max_rules")
             if self.size > self.limits.max_grammar_bytes:
                 raise SchemaLimitError(
-                    f"the grammar is larger than {self.limits.max_grammar_bytes} bytes",
-                    "max_grammar_bytes")
+                    f"the grammar is larger than {self.limits.max_grammar_bytes} bytes "
+                    "(max_grammar_bytes)", "max_grammar_bytes")
             if time.monotonic() > self.deadline:
                 raise SchemaLimitError(
-                    f"building the grammar took longer than {self.limits.max_seconds} s",
-                    "max_seconds")
+                    f"building the grammar took longer than {self.limits.max_seconds} s "
+                    "(max_seconds)", "max_seconds")
         self.rules[key] = rule
         return key
 
@@ -1046,6 +1051,13 @@ class _Writer:
         return self.add(name, f'"\\"" ({rule}) "\\""')
 
     def text(self) -> str:
+        expanded = sum(int(hi or lo) for body in self.rules.values()
+                       for lo, hi in _COUNTED.findall(body))
+        if expanded > self.limits.max_expanded_repetitions:
+            raise SchemaLimitError(
+                f"the grammar's counted repetitions add up to {expanded}, over the limit of "
+                f"{self.limits.max_expanded_repetitions} (max_expanded_repetitions)",
+                "max_expanded_repetitions")
         return "".join(f"{k} ::= {v}\n" for k, v in sorted(self.rules.items()))
 
 
@@ -1071,6 +1083,11 @@ def _json_safe_escape(escape: str) -> str:
     if escape[1] in "xuU" and int(escape[2:], 16) in {*range(0x20), 0x22, 0x5C, 0x7F}:
         raise _Unsupported(f"the escape {escape} (a character JSON must escape)")
     return escape
+
+
+# a counted repetition x{m}, x{m,n} or x{m,} after a rule name, a class or a group (a
+# brace in a literal or a class follows a quote or an opening bracket)
+_COUNTED = re.compile(r"(?<=[\w\])])\{(\d+)(?:,(\d*))?\}")
 
 
 class _Unsupported(Exception):
@@ -1122,7 +1139,8 @@ def schema_to_gbnf(schema: Any, limits: GrammarLimits = DEFAULT_LIMITS) -> str:
         writer = _Writer(reader, limits)
         writer.visit(root, "")
     except RecursionError as exc:  # pragma: no cover - max_depth keeps far from it
-        raise SchemaLimitError("the schema nests too deeply", "max_depth") from exc
+        raise SchemaLimitError("the schema nests too deeply (max_depth)", "max_depth") \
+            from exc
     if writer.errors:
         raise GrammarError("JSON schema conversion failed: " + "; ".join(writer.errors))
     return writer.text()
