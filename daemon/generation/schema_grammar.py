@@ -543,8 +543,12 @@ def _min_max_int(lo: int | None, hi: int | None, out: list[str], decimals: int =
         else:
             s = str(lo)
             c = s[0]
-            if c > "1":
-                digit_range("1" if top else "0", chr(ord(c) - 1))
+            start = "1" if top else "0"
+            # llama.cpp tests c > "1" here even below the top, where a leading 0 is a digit
+            # like any other: minimum 110 lost 10000000 (its "10" had no shorter-start
+            # branch)
+            if c > start:
+                digit_range(start, chr(ord(c) - 1))
                 out.append(" ")
                 more_digits(len(s), less)
                 out.append(" | ")
