@@ -248,6 +248,7 @@ def test_a_forged_drop_epoch_neither_wipes_nor_splits_the_namespace(
 def test_a_snapshot_with_a_forged_epoch_is_skipped_and_counted(
         redis_server: RedisServer, tmp_path: Path) -> None:
     from suffixd.daemon.fleet import outbox
+
     from tests.test_fleet_engine import Node
 
     made: list[Node] = []
