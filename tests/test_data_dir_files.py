@@ -32,6 +32,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from suffixd.client.errors import UnavailableError
 from suffixd.daemon.generation.cost_measure import CostMeasurement
 from suffixd.daemon.generation.cost_store import ProfileStore, StoredCosts, profile_key
 from suffixd.daemon.server.datadir import DataDirLock, owner_only, write_private
@@ -311,5 +312,8 @@ def test_a_model_that_does_not_load_is_a_503_with_the_reason(tmp_path: Path) -> 
         err = r.json()["error"]
         assert err["type"] == "unavailable_error" and "did not load" in err["message"]
         assert str(garbage) in err["message"], err
+        # gRPC: UNAVAILABLE, not INVALID_ARGUMENT
+        with proc.client() as c, pytest.raises(UnavailableError, match="did not load"):
+            list(c.generate(prompt="SELECT", max_tokens=1))
     finally:
         proc.stop()
