@@ -16,7 +16,9 @@ CPU_DEFAULT_POINTS: dict[int, float] = {1: 1.0, 4: 1.96, 8: 2.53, 16: 5.13, 32: 
 class CostProfile:
     """Piecewise-linear cost of one verifier evaluation of k tokens (cost(1) == 1).
 
-    Beyond the last measured point the cost grows with the last segment's slope.
+    Beyond the last measured point the cost grows with the last segment's slope, or stays
+    flat where that segment falls (noise in a measurement; a falling line would reach
+    zero and below, and a draft priced at nothing or less is no plan).
     """
 
     points: tuple[tuple[int, float], ...]
@@ -80,7 +82,7 @@ class CostProfile:
             if len(ks) == 1:
                 return self.points[0][1] * k / ks[0]
             (k0, c0), (k1, c1) = self.points[-2], self.points[-1]
-            return c1 + (c1 - c0) / (k1 - k0) * (k - k1)
+            return c1 + max(0.0, (c1 - c0) / (k1 - k0)) * (k - k1)
         (k0, c0), (k1, c1) = self.points[i - 1], self.points[i]
         return c0 + (c1 - c0) * (k - k0) / (k1 - k0)
 

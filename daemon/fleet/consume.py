@@ -10,10 +10,13 @@ stream was trimmed past our position) and the appliers ``_apply_evict``,
 ``_add_to_tree`` and ``_drop``, which the snapshot catch-up (daemon/fleet/snapshot.py)
 shares. Every entry is checked whole first (daemon/fleet/entries.py): an invalid one is
 skipped, logged once with its stream id and counted in ``invalid`` ((namespace, reason)
--> entries), and the position moves past it. Entries are compared with the namespace's
-drop epoch (daemon/fleet/node.py, "Drops") under ``apply_lock``.
+-> entries), and the position moves past it. An entry's drop epoch is judged against the
+stream's epoch at its position (``sep``, the same on every node: entries.epoch_error),
+then compared with the namespace's drop epoch (daemon/fleet/node.py, "Drops";
+entries.epoch_action) under ``apply_lock``.
 
-It keeps ``pos`` (namespace -> stream id handled), ``seen`` ((namespace, origin) ->
+It keeps ``pos`` (namespace -> stream id handled), ``sep`` (namespace -> the stream's
+epoch at ``pos``, stored with it), ``seen`` ((namespace, origin) ->
 highest outbox number handled), ``namespaces`` and the counters ``applied`` /
 ``skipped``. It uses from ``Fleet``: ``engine``, ``store``, ``cfg``, ``src``, ``r``,
 ``keys``, ``_redis_mod``, ``_stop``, the connection state (``joined``, ``_join``,
@@ -37,7 +40,8 @@ from .config import FleetConfig, FleetError, RedisKeys, stream_id
 
 log = logging.getLogger("suffixd.fleet")
 
-_Rep = dict[str, Any]  # an entry's replica record: {ns, id (stream id), src, n}
+# An entry's replica record: {ns, id (stream id), sep (the stream's epoch after it), src, n}
+_Rep = dict[str, Any]
 _BAD_STREAM_S = 30.0  # a stream key of another type is looked at again after this
 
 
@@ -53,6 +57,7 @@ class FleetConsumer:
     _stop: threading.Event
     joined: bool
     pos: dict[str, str]
+    sep: dict[str, int]
     seen: dict[tuple[str, str], int]
     _dirty_pos: set[str]
     namespaces: set[str]
@@ -69,6 +74,7 @@ class FleetConsumer:
     def _handled(self, rep: _Rep) -> None:
         ns = rep["ns"]
         self.pos[ns] = rep["id"]
+        self.sep[ns] = int(rep["sep"])
         if rep.get("n"):
             key = (ns, rep["src"])
             self.seen[key] = max(self.seen.get(key, 0), int(rep["n"]))
@@ -85,12 +91,12 @@ class FleetConsumer:
             return
         names = list(self._dirty_pos)
         self._dirty_pos.clear()
-        pos = {ns: self.pos[ns] for ns in names}
+        pos = {ns: (self.pos[ns], self.sep[ns]) for ns in names}
         seen = {k: v for k, v in self.seen.items() if k[0] in pos}
 
         def write(t: Txn) -> None:
-            for ns, p in pos.items():
-                outbox.put_position(t, ns, p)
+            for ns, (p, sep) in pos.items():
+                outbox.put_position(t, ns, p, sep)
             for (ns, src), n in seen.items():
                 outbox.put_seen(t, ns, src, n)
 
@@ -106,6 +112,7 @@ class FleetConsumer:
 
     def _read_state(self) -> None:
         self.pos = outbox.read_positions(self.store)
+        self.sep = outbox.read_stream_epochs(self.store)
         self.seen = outbox.read_seen(self.store)
         self._dirty_pos.clear()
 
@@ -216,30 +223,39 @@ class FleetConsumer:
                 self._consume_namespace(ns, items)
         self._flush_positions()
 
+    def stream_epoch(self, ns: str, ep: int) -> int:
+        """The stream's epoch at this node's position in ``ns`` (``ep``: its own). A
+        position stored by a version that did not keep it: the node's own epoch."""
+        return self.sep.get(ns, ep if ns in self.pos else 0)
+
     def _consume_namespace(self, ns: str, items: list[Any]) -> None:
         ep = outbox.epoch(self.store, ns)
+        sep = self.stream_epoch(ns, ep)
         # Consecutive peers' responses are applied in one transaction (catch-up speed).
         run: list[tuple[dict[str, Any], _Rep]] = []
         for sid, fields in items:
             if self._stop.is_set():
                 break
-            e, rep = self._parse(ns, sid.decode(), fields)
+            e, rep = self._parse(ns, sid.decode(), fields, sep)
+            sep = rep["sep"]
             entry_ep = int(e.get("ep") or 0) if e is not None else 0
-            if e is None or entry_ep < ep or (e["op"] == "drop" and entry_ep == ep):
+            drop_first, apply = (False, False) if e is None else \
+                entries.epoch_action(str(e["op"]), entry_ep, ep)
+            if e is None or not (drop_first or apply):
                 # Invalid, a duplicate, written before a drop this node applied, or a
                 # drop it applied: the position moves past it, after the run before it.
                 self._apply_responses(ns, run)
                 run = []
                 self._skip(rep, count="src" in rep)  # invalid ones are counted apart
                 continue
-            if entry_ep > ep:
+            if drop_first:
                 # A drop: this entry's, or one this node never read (trimmed away, or lost
                 # from its publisher's full outbox) that the entry's epoch proves.
                 self._apply_responses(ns, run)
                 run = []
                 self._drop(ns, entry_ep, rep if e["op"] == "drop" else None)
                 ep = entry_ep
-                if e["op"] == "drop":
+                if not apply:
                     continue
             if e["op"] == "resp" and rep["src"] != self.src:
                 run.append((e, rep))
@@ -249,17 +265,24 @@ class FleetConsumer:
             self._apply(ns, e, rep)
         self._apply_responses(ns, run)
 
-    def _parse(self, ns: str, sid: str,
-               fields: Any) -> tuple[dict[str, Any] | None, _Rep]:
+    def _parse(self, ns: str, sid: str, fields: Any,
+               sep: int) -> tuple[dict[str, Any] | None, _Rep]:
         """The entry (None when it is skipped: invalid, a duplicate) and its replica
-        record. Counts it as seen (in memory: a failed apply reloads the state)."""
+        record, read where the stream's epoch is ``sep``. Counts it as seen (in memory: a
+        failed apply reloads the state)."""
         try:
             e = entries.check(fields, ns, self.engine.validator)
+            err = entries.epoch_error(int(e.get("ep") or 0), sep)
+            if err:
+                raise entries.BadEntry("epoch", err)
         except entries.BadEntry as exc:
             self._invalid(ns, sid, exc.reason, str(exc))
-            return None, {"ns": ns, "id": sid}
+            return None, {"ns": ns, "id": sid, "sep": sep}
+        # Every valid entry moves the stream's epoch, duplicates too: it must depend on
+        # the stream alone, not on what this node happened to have handled.
+        sep = max(sep, int(e.get("ep") or 0))
         src, n = str(e["src"]), int(e.get("n") or 0)
-        rep = {"ns": ns, "id": sid, "src": src, "n": n}
+        rep = {"ns": ns, "id": sid, "sep": sep, "src": src, "n": n}
         if n and n <= self.seen.get((ns, src), 0):
             return None, rep
         if n:
@@ -340,7 +363,7 @@ class FleetConsumer:
                 seq = t.add_sequence(ns, "response", toks, meta={"origin": origin})
                 t.fleet_put(rkey, seq)
                 out.append((seq, toks))
-            outbox.put_position(t, ns, last["id"])
+            outbox.put_position(t, ns, last["id"], int(last["sep"]))
             for src, n in top.items():
                 outbox.put_seen(t, ns, src, n)
             return out

@@ -9,8 +9,19 @@ against the vocabulary, and the sizes the daemon enforces on its own inputs
 (daemon/engine/validation.py). The consumer skips what fails (logged with its stream
 id, counted by reason) and moves its position past it.
 
+Drop epochs. An entry's ``ep`` is judged against the stream's epoch: the highest epoch
+of the valid entries before it in the namespace's stream, which every node holds alike at
+the same position (the node's own epoch may be ahead: a local drop not read back yet).
+A drop moves the epoch forward by one, and an entry may prove drops its reader missed
+(trimmed away, lost from a full outbox), but never more than ``MAX_EPOCH_STEP`` of them:
+an entry beyond that, or at ``MAX_EPOCH`` and above, is invalid ("epoch"). Otherwise one
+forged entry (epoch 2**63-1) would wipe the namespace everywhere and leave no epoch for
+the next legitimate drop, and the nodes would ignore each other for good.
+
 Interface: ``check(fields, ns, validator)`` -> the entry (a dict) or raises
-``BadEntry(reason, message)``; ``tokens_error(tokens, vocab_size)``; ``REASONS``.
+``BadEntry(reason, message)``; ``tokens_error(tokens, vocab_size)``; ``REASONS``;
+``epoch_error(ep, stream_ep)``, ``epoch_action(op, ep, local_ep)``, ``MAX_EPOCH_STEP``,
+``MAX_EPOCH``.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from ..common.errors import EngineError
 from . import outbox
 
 # The reasons an entry is refused (a label of suffixd_fleet_invalid_entries_total).
-REASONS = ("unreadable", "schema", "namespace", "tokens", "size")
+REASONS = ("unreadable", "schema", "namespace", "tokens", "size", "epoch")
 OPS = ("resp", "doc", "undoc", "evict", "drop")
 
 # A node's origin name: its --node-id (daemon/fleet/node.py, 1-64 characters) "." its
@@ -35,6 +46,13 @@ _I64 = 2**63
 # LMDB refuses keys over 511 bytes, and a refused write would be retried for ever: a
 # document's keys (``ns NUL key``, the fleet's ``w NUL ns NUL key``) must fit.
 _MAX_KEY = 500
+
+
+# How many drops one entry may prove beyond the stream's epoch: drops lost from a node's
+# full outbox while Redis was away. Forging the epoch up to MAX_EPOCH then takes 2**52
+# entries, so a legitimate drop always has an epoch left to publish.
+MAX_EPOCH_STEP = 1024
+MAX_EPOCH = 2**62
 
 
 class BadEntry(Exception):
@@ -187,6 +205,27 @@ def check(fields: Any, ns: str, validator: Any) -> dict[str, Any]:
     elif op == "drop" and _int(e, "ep", 1) < 1:
         raise BadEntry("schema", "a drop without its epoch")
     return e
+
+
+def epoch_error(ep: int, stream_ep: int) -> str | None:
+    """Why an entry of epoch ``ep`` read where the stream's epoch is ``stream_ep`` is
+    invalid, or None. Lower epochs are valid: entries written before a drop, skipped."""
+    if ep >= MAX_EPOCH:
+        return f"drop epoch {ep} is out of range [0, 2**62)"
+    if ep > stream_ep + MAX_EPOCH_STEP:
+        return (f"drop epoch {ep} is more than {MAX_EPOCH_STEP} drops past the stream's "
+                f"epoch {stream_ep}")
+    return None
+
+
+def epoch_action(op: str, ep: int, local_ep: int) -> tuple[bool, bool]:
+    """What a node whose epoch is ``local_ep`` does with a valid entry of epoch ``ep``:
+    (drop the namespace to ``ep`` first, then apply the entry)."""
+    if ep < local_ep or (op == "drop" and ep == local_ep):
+        # Written before a drop this node applied, or a drop it applied already.
+        return False, False
+    # A higher epoch proves a drop: this entry's, or one this node never read.
+    return ep > local_ep, op != "drop"
 
 
 def check_snapshot_item(item: Any, ns: str, validator: Any) -> list[Any]:

@@ -42,7 +42,11 @@ Drops. ``Engine.drop_namespace`` calls the hook (op "drop") in its transaction: 
 namespace's drop epoch (stored in the ``fleet`` database, 0 until a first drop) goes up
 by one and a "drop" entry carrying it is queued. Every entry is stamped with the epoch of
 the namespace when its data was written, and every snapshot with the epoch of its
-writer. A node applies a drop of a higher epoch as a local drop (without publishing it
+writer. Epochs read from Redis are checked first (daemon/fleet/entries.py): an entry may
+move the epoch at most ``MAX_EPOCH_STEP`` past the stream's epoch at its position (the
+highest epoch of the valid entries before it, kept with the position: every node judges
+an entry alike), so a forged epoch is an invalid entry, and a legitimate drop always has
+an epoch left. A node applies a drop of a higher epoch as a local drop (without publishing it
 again) in the transaction that records the new epoch and its position; it ignores entries
 and snapshots of a lower epoch (written before a drop it applied: a lagging node's entry
 cannot bring the namespace back); an entry or snapshot of a higher epoch proves a drop
@@ -133,6 +137,7 @@ class Fleet(FleetPublisher, FleetConsumer, FleetSnapshots, FleetStatusView):
         # numbering, and its old entries are then the peers' data to catch up from.
         self.src = f"{self.node}.{outbox.incarnation(self.store)}"
         self.pos: dict[str, str] = outbox.read_positions(self.store)
+        self.sep: dict[str, int] = outbox.read_stream_epochs(self.store)
         self.seen: dict[tuple[str, str], int] = outbox.read_seen(self.store)
         self._dirty_pos: set[str] = set()
         self.namespaces: set[str] = set()

@@ -10,6 +10,7 @@ Keys (NS: the namespace, UTF-8)::
     inc                    this data directory's incarnation (part of every origin)
     x:overflow             namespaces whose outbox dropped entries (to re-publish)
     p NUL NS               the stream position: id of the last entry handled
+    h NUL NS               the stream's drop epoch at that position (entries.epoch_error)
     s NUL NS NUL src       the highest outbox number of origin ``src`` handled
     r NUL NS NUL origin    the local sequence id of a peer's response (``src:seq``)
     w NUL NS NUL key       the outbox number of this node's latest write of a document
@@ -22,10 +23,10 @@ fields (daemon/fleet/entries.py checks them).
 
 Interface: ``dump`` / ``load`` (entries); ``incarnation``; the outbox (``enqueue``,
 ``pending``, ``outbox_number``, ``mark_published``, ``backlog``, ``overflowed``,
-``clear_overflow``); positions (``read_positions``, ``read_seen``, ``put_position``,
-``put_seen``, ``mark_applied``); the origin index (``origin_key``, ``replicated``) and
-documents (``doc_write_key``, ``doc_packed``, ``digest``, ``local_digest``); drops
-(``epoch``, ``txn_epoch``, ``dropped``).
+``clear_overflow``); positions (``read_positions``, ``read_stream_epochs``,
+``read_seen``, ``put_position``, ``put_seen``, ``mark_applied``); the origin index
+(``origin_key``, ``replicated``) and documents (``doc_write_key``, ``doc_packed``,
+``digest``, ``local_digest``); drops (``epoch``, ``txn_epoch``, ``dropped``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ _N_PUB = b"n:pub"  # first outbox number not yet published
 _INC = b"inc"  # this data directory's incarnation (part of every origin it publishes)
 _OVERFLOW = b"x:overflow"  # namespaces whose outbox dropped entries
 _POS = b"p\x00"
+_STREAM_EPOCH = b"h\x00"
 _SEEN = b"s\x00"
 _ORIGIN = b"r\x00"
 _DOC_WRITE = b"w\x00"
@@ -134,6 +136,10 @@ def read_positions(store: Any) -> dict[str, str]:
     return {k[2:].decode(): str(v) for k, v in store.fleet_items(_POS)}
 
 
+def read_stream_epochs(store: Any) -> dict[str, int]:
+    return {k[2:].decode(): int(v) for k, v in store.fleet_items(_STREAM_EPOCH)}
+
+
 def read_seen(store: Any) -> dict[tuple[str, str], int]:
     seen: dict[tuple[str, str], int] = {}
     for k, v in store.fleet_items(_SEEN):
@@ -142,8 +148,11 @@ def read_seen(store: Any) -> dict[tuple[str, str], int]:
     return seen
 
 
-def put_position(t: Txn, ns: str, pos: str) -> None:
+def put_position(t: Txn, ns: str, pos: str, stream_ep: int) -> None:
+    # One transaction for both: the stream's epoch is a function of the position, and a
+    # node resuming from one with the other's value would judge entries unlike its peers.
     t.fleet_put(_POS + _b(ns), pos)
+    t.fleet_put(_STREAM_EPOCH + _b(ns), stream_ep)
 
 
 def put_seen(t: Txn, ns: str, src: str, n: int) -> None:
@@ -151,8 +160,9 @@ def put_seen(t: Txn, ns: str, src: str, n: int) -> None:
 
 
 def mark_applied(t: Txn, rep: dict[str, Any]) -> None:
-    """A peer's entry ``rep`` ({ns, id, src, n}) is handled, in the transaction of its data."""
-    put_position(t, rep["ns"], rep["id"])
+    """A peer's entry ``rep`` ({ns, id, sep, src, n}) is handled, in the transaction of
+    its data."""
+    put_position(t, rep["ns"], rep["id"], int(rep["sep"]))
     if rep.get("n"):
         put_seen(t, rep["ns"], rep["src"], rep["n"])
 

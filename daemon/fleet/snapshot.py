@@ -14,10 +14,15 @@ meanwhile.
   (daemon/fleet/entries.py; invalid ones are skipped and counted). The snapshot carries
   the namespace's drop epoch: one older than this node's is skipped whole (a drop
   applied here is not undone), a newer one is a drop this node missed (applied first).
+  It carries the stream's epoch at P too (``sep``, which the loader reads on from): a
+  writer's epoch is at most ``entries.MAX_EPOCH_STEP`` past it (its peers would refuse
+  its entries otherwise), so a snapshot whose epochs break that is skipped whole and
+  counted as invalid ("epoch"), its position taken.
 
 It uses from ``Fleet``: ``engine``, ``store``, ``src``, ``r``, ``keys``, ``_redis_mod``,
-``pos``, the counters ``snapshots_loaded`` / ``snapshots_written``, and the appliers
-``_add_to_tree``, ``_apply_evict`` and ``_drop`` (daemon/fleet/consume.py).
+``pos``, ``sep``, ``stream_epoch`` (daemon/fleet/consume.py), the counters
+``snapshots_loaded`` / ``snapshots_written``, and the appliers ``_add_to_tree``,
+``_apply_evict`` and ``_drop`` (daemon/fleet/consume.py).
 """
 
 from __future__ import annotations
@@ -38,6 +43,19 @@ from .config import RedisKeys
 log = logging.getLogger("suffixd.fleet")
 
 
+def _snapshot_epochs(meta: dict[bytes, bytes]) -> tuple[int, int, str | None]:
+    """A snapshot's (epoch, stream epoch, why they are invalid or None). A snapshot of a
+    version that wrote no stream epoch: its epoch."""
+    try:
+        ep = int(meta.get(b"ep", b"0"))
+        sep = int(meta.get(b"sep", b"%d" % ep))
+    except ValueError:
+        return 0, 0, "an epoch is not an integer"
+    if sep < 0 or sep > ep:
+        return ep, sep, f"stream epoch {sep} is not in [0, epoch {ep}]"
+    return ep, sep, entries.epoch_error(ep, sep)
+
+
 class FleetSnapshots:
     # Fleet's state this room reads or keeps (annotations only: Fleet.__init__ sets them)
     engine: Any
@@ -47,11 +65,11 @@ class FleetSnapshots:
     keys: RedisKeys
     _redis_mod: Any
     pos: dict[str, str]
+    sep: dict[str, int]
     invalid: dict[tuple[str, str], int]
     apply_lock: threading.RLock
     snapshots_loaded: int
     snapshots_written: int
-
     def _load_snapshot(self, ns: str) -> None:
         with self.apply_lock:
             self._load_snapshot_locked(ns)
@@ -65,14 +83,20 @@ class FleetSnapshots:
             raise self._redis_mod.RedisError(f"the stream of namespace {ns!r} was trimmed "
                                              "but its snapshot is missing")
         pos = meta[b"pos"].decode()
-        try:
-            snap_ep = int(meta.get(b"ep", b"0"))
-        except ValueError:
-            snap_ep = 0
         ep = outbox.epoch(self.store, ns)
+        sep = self.stream_epoch(ns, ep)
+        snap_ep, snap_sep, err = _snapshot_epochs(meta)
+        if err:
+            self.invalid[(ns, "epoch")] = self.invalid.get((ns, "epoch"), 0) + 1
+            self._snapshot_position(ns, pos, sep)
+            log.warning("fleet: skipped a snapshot with invalid drop epochs",
+                        extra={"namespace": ns, "pos": pos, "error": err})
+            return
+        # A stream's epoch only grows along it; the loader's position is before P.
+        sep = max(sep, snap_sep)
         if snap_ep < ep:
             # Written before a drop this node applied: nothing of it may come back.
-            self._snapshot_position(ns, pos)
+            self._snapshot_position(ns, pos, sep)
             log.info("fleet: skipped a snapshot older than a drop",
                      extra={"namespace": ns, "pos": pos, "epoch": ep, "snapshot_epoch": snap_ep})
             return
@@ -135,15 +159,16 @@ class FleetSnapshots:
             if outbox.digest(packed) != outbox.local_digest(self.store, ns, key):
                 self.engine.add_corpus_document(ns, key, seqs, content_hash=chash,
                                                 meta=meta_d or {}, replica={})
-        self._snapshot_position(ns, pos)
+        self._snapshot_position(ns, pos, sep)
         self.snapshots_loaded += 1
         log.info("fleet: caught up from a snapshot",
                  extra={"namespace": ns, "pos": pos, "responses": len(adds),
                         "documents": len(docs), "dropped": len(stale), "invalid": invalid})
 
-    def _snapshot_position(self, ns: str, pos: str) -> None:
-        self.store.write(lambda t: outbox.put_position(t, ns, pos))
+    def _snapshot_position(self, ns: str, pos: str, sep: int) -> None:
+        self.store.write(lambda t: outbox.put_position(t, ns, pos, sep))
         self.pos[ns] = pos
+        self.sep[ns] = sep
 
     def _snapshot_items(self, ns: str) -> Iterator[list[Any]]:
         for rec in self.store.iter_sequences():
@@ -187,9 +212,10 @@ class FleetSnapshots:
                 tx.rename(tmp, self.keys.snap(ns))
             else:
                 tx.delete(self.keys.snap(ns))
+            ep = outbox.epoch(self.store, ns)
             tx.hset(self.keys.snapmeta(ns), mapping={
                 "pos": pos, "trimmed": pos, "node": self.src, "t": time.time(), "items": n,
-                "ep": outbox.epoch(self.store, ns)})
+                "ep": ep, "sep": self.stream_epoch(ns, ep)})
             tx.xtrim(self.keys.stream(ns), minid=pos, approximate=False)
             tx.execute()
             self.snapshots_written += 1

@@ -5,12 +5,16 @@ machine and minutes on a busy one; it depends only on the model file, the contex
 settings, the CPU and the llama.cpp build. So the measurement is stored in
 ``<data dir>/cost_profile.json`` with the key it was made under (``profile_key``), and
 a start whose key matches takes it from there. A file that cannot be read, does not
-parse, or was made under another key is ignored (one log line says why), never an
-error: the daemon then serves with a conservative profile and measures again.
+parse, was made under another key, or holds costs no measurement gives (checked as a
+whole: ``check_plausible``) is ignored (one log line says why), never an error: the
+daemon then serves with a conservative profile and measures again. The file is opened
+without following a symbolic link, and one that is not a regular file (a link, a FIFO:
+opening one for reading would block the model load) is refused the same way.
 
 Interface: ``profile_key(...)`` -> the key (a flat dict of strings and numbers);
 ``ProfileStore(path, key)`` with ``load()`` -> ``(StoredCosts | None, why)`` and
-``save(costs)`` (atomic: a temporary file, fsync, rename; mode 0600);
+``save(costs)`` (atomic: a temporary file, fsync, rename; mode 0600); ``read_regular``
+(a data dir file's text, no link followed; ``NotRegular``);
 ``StoredCosts`` (raw and padded seconds per batch shape, the draft model's seconds
 per token, whether machine load distorted the measurement: such a profile is used, and
 measured again while serving, so one busy start does not leave a bad profile for good).
@@ -19,11 +23,13 @@ measured again while serving, so one busy start does not leave a bad profile for
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
 import os
 import platform
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +38,19 @@ from typing import Any
 FILE_NAME = "cost_profile.json"
 # Bumped when the measurement or the file's layout changes: older files are ignored.
 FORMAT = 1
+# What a stored profile may hold. Any decode takes more than a microsecond, and one
+# batch over a minute leaves nothing to serve. A batch costs at least a fraction of one
+# token (measurement noise on a flat GPU profile, never 1e-12 of it) and at most that
+# many tokens decoded one by one, with room for noise; the drafter plans with the costs
+# relative to one token, rounded to 3 decimals, so a ratio that rounds to 0 or overflows
+# would fail the profile on every request.
+MIN_SECONDS = 1e-6
+MAX_SECONDS = 60.0
+MIN_RATIO = 1 / 8
+MAX_RATIO_PER_TOKEN = 8.0
+MAX_BATCH = 1 << 16
+MAX_SHAPES = 4096
+MAX_FILE_BYTES = 1 << 20
 
 
 def cpu_identity() -> tuple[str, str]:
@@ -145,6 +164,62 @@ class StoredCosts:
         d = data.get("draft_seconds_per_token")
         return cls(raw, padded, None if d is None else seconds(d), data.get("distorted") is True)
 
+    def check_plausible(self) -> None:
+        """Raises ``Implausible`` unless the costs, taken together, are ones a
+        measurement gives (module constants: absolute bounds, and every batch against the
+        one-token cost)."""
+        if len(self.raw) + len(self.padded) > MAX_SHAPES:
+            raise Implausible(f"{len(self.raw) + len(self.padded)} batch shapes")
+        one = self.raw.get(1)
+        if one is None:
+            raise Implausible("no one-token cost")
+        shapes = [(f"batch {k}", k, v) for k, v in self.raw.items()]
+        shapes += [(f"batch {j} with {k} logits", j, v) for (k, j), v in self.padded.items()]
+        for name, size, v in shapes:
+            if size > MAX_BATCH:
+                raise Implausible(f"{name}: above {MAX_BATCH} tokens")
+            if not MIN_SECONDS <= v <= MAX_SECONDS:
+                raise Implausible(f"{name}: {v!r} s is outside [{MIN_SECONDS}, {MAX_SECONDS}]")
+            if not MIN_RATIO <= v / one <= MAX_RATIO_PER_TOKEN * size:
+                raise Implausible(f"{name}: {v!r} s against {one!r} s for one token")
+        d = self.draft_seconds_per_token
+        if d is not None and not MIN_SECONDS / 10 <= d <= MAX_SECONDS:
+            raise Implausible(f"draft model: {d!r} s per token")
+
+
+class Implausible(ValueError):
+    """Stored costs that parse but that no measurement of a working machine gives."""
+
+
+class NotRegular(OSError):
+    """A data dir file that is a symbolic link, a FIFO or anything but a regular file."""
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of ``path``, opened without following a symbolic link and without
+    blocking on a FIFO; raises ``NotRegular`` for anything but a regular file, and
+    ``OSError`` (EFBIG) for one over ``limit`` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegular(f"{path} is a symbolic link; the daemon follows none in its "
+                             "data dir") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegular(f"{path} is not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, limit + 1 - size):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise OSError(errno.EFBIG, f"above {limit} bytes")
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
 
 def _differences(stored: Any, key: dict[str, Any]) -> str:
     if not isinstance(stored, dict):
@@ -165,21 +240,28 @@ class ProfileStore:
         """The stored costs if the file holds a measurement made under this key, and a
         few words on why not otherwise (for the log)."""
         try:
-            text = self.path.read_text()
+            blob = read_regular(self.path, MAX_FILE_BYTES)  # json.loads decodes it
         except FileNotFoundError:
             return None, "none stored"
+        except NotRegular as exc:
+            return None, f"refused ({exc})"
         except OSError as exc:
             return None, f"unreadable ({exc.strerror or exc})"
         try:
-            data = json.loads(text)
+            data = json.loads(blob)
             if not isinstance(data, dict):
                 raise ValueError("not an object")
             # JSON round trip: the key as stored compares equal to a fresh one
             key = json.loads(json.dumps(self.key))
             if data.get("key") != key:
                 return None, f"measured under other settings ({_differences(data.get('key'), key)})"
-            return StoredCosts.from_json(data["costs"]), "stored"
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            costs = StoredCosts.from_json(data["costs"])
+            costs.check_plausible()
+            return costs, "stored"
+        except Implausible as exc:
+            return None, f"implausible ({exc})"
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError,
+                RecursionError) as exc:
             return None, f"corrupt ({type(exc).__name__}: {exc})"
 
     def save(self, costs: StoredCosts) -> None:
@@ -188,10 +270,15 @@ class ProfileStore:
         body = json.dumps({"key": self.key, "costs": costs.to_json(),
                            "measured_at": time.time()}, indent=1)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # A leftover of a crash goes first: O_EXCL | O_NOFOLLOW then creates the file
+        # itself, 0600, never writing through a link or into a file of another mode.
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
         try:
             try:
-                os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a leftover file
+                os.fchmod(fd, 0o600)  # against a umask that takes bits O_CREAT asked for
                 os.write(fd, body.encode())
                 os.fsync(fd)
             finally:

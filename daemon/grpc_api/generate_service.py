@@ -22,7 +22,7 @@ from suffixd.v1 import generate_pb2_grpc as gpb_grpc
 
 from suffixcache.store import DiskFullError
 
-from ..common.errors import EngineError
+from ..common.errors import EngineError, Unavailable
 from ..generation.chat import ChatTemplateError
 from ..generation.pipeline import Generation, GenerationRequest, Runtime
 from ..generation.verifier import ContextOverflowError
@@ -112,7 +112,15 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
         context.add_callback(ended.set)
         request = _request(req)
         request.params()  # a bad value is refused before the model loads
-        rt = self.generation.runtime()
+        try:
+            rt = self.generation.runtime()
+        except EngineError:
+            raise  # a refusal of the request's own (e.g. --model none), mapped as such
+        except Exception as exc:
+            # The model did not load: the server's failure, not a bad argument (as the
+            # HTTP front's 503).
+            raise Unavailable(f"generation is unavailable: the model did not load ({exc})") \
+                from exc
         for chunk in self.generation.run(request, ended):
             yield self._chunk(chunk, rt)
 

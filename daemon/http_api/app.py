@@ -11,7 +11,8 @@ lossless greedy output, exact sampling and the counters are the same.
   from the session's KV cache) and a ``suffixd`` object (namespace, session, whether the
   session was found, draft counts by source), which OpenAI clients ignore.
 * ``GET /health``: 200 ``{"status": "ok"}`` once a generation can be served, 503 with
-  llama-server's body (``"message": "Loading model"``) until then.
+  llama-server's body (``"message": "Loading model"``) until then. A generation the
+  server cannot serve (the model did not load) is a 503 with the reason, never a 4xx.
 * Sessions: ``X-Suffixd-Namespace`` and ``X-Suffixd-Session`` name them. A chat request
   without a session header is matched to the conversation it continues by
   daemon/http_api/session_finder.py; a completion request without one is a one-off (it still
@@ -66,7 +67,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..common.errors import NotFound
+from ..common.errors import EngineError, NotFound
 from ..generation.grammar import Grammar, GrammarError
 from ..generation.pipeline import Generation, GenerationRequest
 from .requests import (
@@ -374,7 +375,15 @@ class OpenAIFront:
 
     def _prepare(self, req: GenerationRequest, structure: Structure,
                  messages: list[dict[str, Any]] | None) -> list[int]:
-        rt = self.generation.runtime()
+        try:
+            rt = self.generation.runtime()
+        except EngineError:
+            raise  # a refusal of the request's own (e.g. --model none), mapped as such
+        except Exception as exc:
+            # The model did not load: the server's failure whatever was asked, not the
+            # client's (a ValueError here is no bad argument).
+            raise ApiError(503, f"generation is unavailable: the model did not load ({exc})",
+                           kind="unavailable_error") from exc
         structure.settle(rt.renderer.template)
         if messages is not None:
             req.messages, req.tools = structure.messages(messages, self.replies)

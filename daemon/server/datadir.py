@@ -7,6 +7,11 @@ raises ``ServeError`` naming the daemon that holds it) and ``release()``;
 ``owner_only(data_dir)`` (0700 / 0600 on the directory and everything in it);
 ``write_private(path, text)`` (a file replaced atomically, 0600 from its creation on:
 what the daemon writes after the owner-only pass, e.g. daemon.json, metrics.addr).
+
+No symbolic link inside the data dir is followed: the mode pass skips them (chmod would
+change the mode of whatever they point to, outside the directory too), files are opened
+with ``O_NOFOLLOW``, and a lock file that is a link or not a regular file is refused.
+The directory itself may be a link (an operator's choice of where it lives).
 """
 
 from __future__ import annotations
@@ -14,10 +19,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
+import stat
 from pathlib import Path
 
 from .serve_config import ServeError
+
+log = logging.getLogger("suffixd.server")
 
 
 class DataDirLock:
@@ -29,7 +38,17 @@ class DataDirLock:
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise ServeError(f"{self.path} is a symbolic link: the daemon follows none "
+                             "for its lock files; remove it") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ServeError(f"{self.path} is not a regular file; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -61,16 +80,24 @@ class DataDirLock:
 
 def owner_only(data_dir: Path) -> None:
     """The data dir and everything in it owner-only (0700 / 0600), whatever modes an
-    earlier run or an operator left: it holds the users' text and the store."""
+    earlier run or an operator left: it holds the users' text and the store. Symbolic
+    links are left alone (one log line each): chmod would follow them."""
     with contextlib.suppress(OSError):
         os.chmod(data_dir, 0o700)
+    # The directory is 0700 from here on: only its owner can swap an entry for a link
+    # between the lstat and the chmod below.
     for root, dirs, files in os.walk(data_dir):
-        for d in dirs:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(root, d), 0o700)
-        for f in files:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(root, f), 0o600)
+        for name, mode in [(d, 0o700) for d in dirs] + [(f, 0o600) for f in files]:
+            path = os.path.join(root, name)
+            try:
+                if stat.S_ISLNK(os.lstat(path).st_mode):
+                    log.warning("a symbolic link in the data dir: its mode and its "
+                                "target's are left alone, and the daemon does not follow it",
+                                extra={"path": path})
+                    continue
+                os.chmod(path, mode)
+            except OSError:
+                continue
 
 
 def write_private(path: Path, text: str) -> None:
@@ -78,9 +105,15 @@ def write_private(path: Path, text: str) -> None:
     ``Path.write_text`` creates with 0666 less the umask (0644 as usually run): a file
     written after ``owner_only`` would be left readable by everyone."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # A leftover goes first: O_EXCL | O_NOFOLLOW then creates the file itself, never
+    # writing through a link or into a file of another mode (the rename replaces a link
+    # at ``path`` itself, not its target).
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
     try:
-        os.fchmod(fd, 0o600)  # a leftover tmp file keeps its old mode through O_CREAT
+        os.fchmod(fd, 0o600)  # against a umask that takes bits O_CREAT asked for
         os.write(fd, text.encode())
     finally:
         os.close(fd)
