@@ -140,6 +140,7 @@ class _Host(Protocol):
     cost_seconds: dict[int, float]
     costs_distorted: bool
     cost_load: dict[str, object]
+    measured_batches: int
     _live_s: dict[int, float]
     _live_n: dict[int, int]
     raw_cost_seconds: dict[int, float]
@@ -176,6 +177,7 @@ class CostMeasurement:
         # say so (see measure_cost_profile).
         self.costs_distorted = False
         self.cost_load: dict[str, object] = {}
+        self.measured_batches = 0  # batches the measurement has timed (its progress)
         # What verification steps cost while serving, by tokens verified (draft + 1):
         # an exponential average of seconds and a sample count (see live_cost_profile).
         self._live_s: dict[int, float] = {}
@@ -313,6 +315,7 @@ class CostMeasurement:
                 dt = time.perf_counter() - t0
                 after = thread_cpu_times()
                 self._seq_rm(slot.seq_id, len(base))
+                self.measured_batches += 1
         finally:
             self._release_slot(slot)
         return dt, cpu_wait_share(before, after)

@@ -319,8 +319,11 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         self._measure_stop.set()
 
     def batch_stats(self) -> dict[str, Any]:
-        """How the steps were shared: steps, sequences and rows per step."""
-        return {**self._steps.counters.as_dict(), "rate": round(self._steps.rate, 3)}
+        """How the steps were shared: steps, sequences and rows per step, requests'
+        queueing before their first step, and the cost measurement's progress and the
+        load it ran under."""
+        return {**self._steps.counters.as_dict(), "rate": round(self._steps.rate, 3),
+                "measurement": {"batches": self.measured_batches, **self.cost_load}}
 
     def _relative_cost(self, n: int) -> float:
         """A step of ``n`` verified rows relative to one, from the measured profile
