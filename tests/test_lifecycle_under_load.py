@@ -37,8 +37,8 @@ def wait_health(proc: DaemonProcess, timeout: float = 300.0) -> None:
     raise AssertionError("/health never answered 200:\n" + proc.log())
 
 
-def long_prompt(n: int = 700) -> str:
-    """~4,000 tokens: several prompt chunks, seconds of evaluation on 2 cores, in which
+def long_prompt(n: int = 180) -> str:
+    """~2,700 tokens: several prompt chunks, seconds of evaluation on 2 cores, in which
     the request appends nothing to its session."""
     return " ".join(f"row{i} has value {i * 7919 % 1000} and tag t{i % 37};" for i in range(n))
 
@@ -69,7 +69,7 @@ def test_the_idle_reaper_never_closes_a_session_under_a_generation(tmp_path: Pat
         r = chat(proc, first)  # an automatic session
         assert r.status_code == 200, r.text
         reply = r.json()["choices"][0]["message"]
-        second = [*first, reply, {"role": "user", "content": long_prompt(900) + " And t5?"}]
+        second = [*first, reply, {"role": "user", "content": long_prompt(200) + " And t5?"}]
         r = chat(proc, second)  # continues it, with thousands of new prompt tokens
         assert r.status_code == 200, r.text
         assert r.json()["suffixd"]["session_found"] is True
