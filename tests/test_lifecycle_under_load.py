@@ -145,7 +145,7 @@ def test_sigterm_at_any_moment_ends_cleanly_with_data_intact(tmp_path: Path) -> 
         try:
             if phase == "start-up":
                 # from the process's first moments to the model load
-                _wait_log(proc, "starting", timeout=60)
+                _wait_log(proc, "starting", timeout=20)
                 time.sleep(rng.uniform(0.0, 2.5))
             elif phase == "measurement":
                 assert _wait_log(proc, "while measuring them"), proc.log()
