@@ -340,6 +340,24 @@ class Generation:
                     rt.start_measuring()
             return rt
 
+    def drain(self, timeout: float) -> None:
+        """The daemon begins to stop: new generations are refused (UNAVAILABLE), the cost
+        measurement ends at its next batch, running generations may finish for up to
+        ``timeout`` seconds, and those still running then end at their next step with
+        UNAVAILABLE ("the daemon is stopping"), so that the fronts can answer them before
+        they close."""
+        deadline = time.monotonic() + timeout
+        with self._runs_cond:
+            self._closing = True
+        rt = self._runtime
+        if rt is not None:
+            rt.verifier.stop_measuring()
+        with self._runs_cond:
+            while self._runs and (left := deadline - time.monotonic()) > 0:
+                self._runs_cond.wait(left)
+            for cancelled in self._runs:
+                cancelled.set()
+
     def close(self, timeout: float = 30.0) -> bool:
         """Stop generating (the daemon stops): running generations are cancelled at their
         next step and waited for, a model load in progress too, the cost measurement is
@@ -588,6 +606,8 @@ class Generation:
             for chunk in rt.verifier.generate(vkey, prompt, params, propose, on_step,
                                               cache_points=hints, cache_scope=ns):
                 if cancelled.is_set():
+                    if self._closing:  # not the client's doing: say why it ended early
+                        raise Unavailable("the daemon is stopping")
                     break
                 generated += chunk.tokens
                 if chunk.finish_reason is not None and sid:

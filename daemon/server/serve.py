@@ -379,6 +379,11 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
         while not stop.wait(0.5):
             pass
         server.enter_graceful_shutdown()
+        # generations finish within the grace period or end with UNAVAILABLE, before the
+        # fronts close (an HTTP stream still open then was cut with a traceback)
+        generation = getattr(engine, "generator", None)
+        if generation is not None:
+            generation.drain(cfg.grace_s)
         if http is not None:
             http.stop()
             http = None
