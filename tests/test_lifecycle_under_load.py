@@ -246,7 +246,7 @@ def test_a_measurement_under_load_is_stored_as_distorted(tmp_path: Path) -> None
             with proc.client() as c:
                 st = wait_costs_measured(c)
                 assert st["cost_profile_source"] == "measured", st
-                load = st["batching"]["measurement"]
+                load = st["batching"].get("measurement")
         finally:
             assert proc.stop() == 0, proc.log()[-3000:]
     finally:
