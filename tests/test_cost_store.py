@@ -7,15 +7,12 @@ from __future__ import annotations
 import json
 import os
 import stat
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from suffixd.daemon.generation.cost_measure import CostMeasurement, plan_batch_shapes
 from suffixd.daemon.generation.cost_store import ProfileStore, StoredCosts, profile_key
-from suffixd.daemon.generation.step_batch import StepBatcher
 
 COSTS = StoredCosts(raw={1: 0.020, 2: 0.024, 3: 0.031, 4: 0.027, 5: 0.040, 8: 0.036},
                     padded={(3, 4): 0.026, (5, 8): 0.035}, draft_seconds_per_token=0.004)
@@ -111,18 +108,3 @@ def test_restored_costs_plan_the_padding_as_measured_ones() -> None:
     assert host.raw_cost_seconds == COSTS.raw and host.padded_cost_seconds == COSTS.padded
     assert profile[1] == 1.0 and profile[5] == round(cost[5] / cost[1], 3)
     assert host._padding(5, 64) == pad_to.get(5, 5) - 5
-
-
-def test_the_measurement_gives_way_to_active_generations() -> None:
-    batcher = StepBatcher(lambda rows: None, 512, lambda n: float(n))
-    t0 = time.monotonic()
-    batcher.wait_idle(30.0)  # no generation: at once
-    assert time.monotonic() - t0 < 5.0
-    batcher.join()
-    t0 = time.monotonic()
-    batcher.wait_idle(0.2)  # one is active: waits, but not past the timeout
-    assert 0.15 <= time.monotonic() - t0 < 10.0
-    threading.Timer(0.2, batcher.leave).start()
-    t0 = time.monotonic()
-    batcher.wait_idle(60.0)  # it ends: the wait ends with it
-    assert time.monotonic() - t0 < 30.0

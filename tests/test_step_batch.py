@@ -8,11 +8,13 @@ import itertools
 import threading
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from suffixd.daemon.generation.step_batch import (
     PAD_ROW_WEIGHT,
     PROMPT_RESERVE,
+    Interrupted,
     StepBatcher,
     StepRows,
     joint_lengths,
@@ -324,3 +326,32 @@ def test_a_lone_step_keeps_its_drafters_choice_and_a_shared_one_may_fill_padding
         r.emitted = 1
     assert batcher_counters.counters.extended_draft_tokens == 0  # a lone step: as chosen
     assert plan
+
+
+def test_the_measurement_waits_for_no_request_active_or_waiting() -> None:
+    """A measurement batch takes the model only once no generation is active or waiting
+    for a slot (StepBatcher.quiet_exclusive), and a stopping daemon ends the wait."""
+    batcher = StepBatcher(lambda rows: None, 512, lambda n: float(n))
+    with batcher.quiet_exclusive():  # nobody in: at once
+        pass
+    took = threading.Event()
+
+    def measure() -> None:
+        with batcher.quiet_exclusive():
+            took.set()
+
+    with batcher.request():  # arrived, waiting for a slot: not joined yet
+        t = threading.Thread(target=measure)
+        t.start()
+        assert not took.wait(0.3)
+        batcher.join()
+        assert not took.wait(0.3)
+        batcher.leave()
+        assert not took.wait(0.3)  # still in (e.g. its slot's release)
+    assert took.wait(30.0)
+    t.join()
+    stop = threading.Event()
+    with batcher.request():
+        threading.Timer(0.2, stop.set).start()
+        with pytest.raises(Interrupted), batcher.quiet_exclusive(stop):
+            pass

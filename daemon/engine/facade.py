@@ -25,7 +25,9 @@ Python API:
 
 * ``engine.tokenizer`` (or None), ``engine.vocab_size``, ``engine.info()``,
   ``engine.tokenize(text)``, ``engine.detokenize(ids)``
-* sessions: ``open_session(ns, session_id=None, metadata=None, tokens=())`` -> dict,
+* sessions: ``open_session(ns, session_id=None, metadata=None, tokens=(), hold=False)``
+  -> dict, ``hold_session(ns, sid)`` / ``release_session(sess)`` (a generation runs on it:
+  the idle reaper waits for its end),
   ``check_admission(ns, sid, tokens)`` (would opening/appending be refused? changes nothing),
   ``close_session(ns, sid, keep_responses=True)``, ``list_sessions(ns=None)``,
   ``describe_session(ns, sid, tail_tokens=0)``, ``session_tail(ns, sid, n)``
@@ -325,8 +327,17 @@ class Engine:
         session_id: str | None = None,
         metadata: dict[str, str] | None = None,
         tokens: Sequence[int] = (),
+        hold: bool = False,
     ) -> dict[str, Any]:
-        return self.sessions.open(ns, session_id, metadata, tokens)
+        return self.sessions.open(ns, session_id, metadata, tokens, hold)
+
+    def hold_session(self, ns: str, sid: str) -> Session | None:
+        """Hold an open session for a generation (None if it is not open): the idle reaper
+        leaves it open until ``release_session``."""
+        return self.sessions.hold(ns, sid)
+
+    def release_session(self, sess: Session) -> None:
+        self.sessions.release(sess)
 
     def check_admission(self, ns: str, sid: str, tokens: int) -> bool:
         """Whether appending ``tokens`` tokens to session ``sid`` of ``ns`` (opening it when

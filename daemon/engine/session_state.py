@@ -43,7 +43,7 @@ TAIL_KEEP = 1024
 class Session:
     __slots__ = (
         "ns", "id", "rec", "tail", "pending", "last_draft", "lock", "closed", "last",
-        "durable_tokens", "last_commit", "write_error", "failed_commit", "batch",
+        "durable_tokens", "last_commit", "write_error", "failed_commit", "batch", "users",
     )
 
     def __init__(self, ns: str, sid: str, rec: dict[str, Any]) -> None:
@@ -56,6 +56,11 @@ class Session:
         self.lock = threading.Lock()
         self.closed = False
         self.last = float(rec.get("last", time.time()))
+        # Generations running on the session (Sessions.hold / release, with ``lock``
+        # held): the idle reaper never closes a session while one runs, and its idle
+        # time starts when the last one ends (a long prompt or a wait for the model
+        # appends nothing for a while).
+        self.users = 0
         # Deferred commits (step streams with defer_commit): the session length known
         # committed, the latest queued commit, and the error of a failed one (the session
         # then refuses appends: its trees hold tokens its store lost).
@@ -173,8 +178,11 @@ class SessionRegistry:
             return [s for (n, _), s in self._sessions.items() if not ns or n == ns]
 
     def idle(self, now: float, ttl: float) -> list[Session]:
+        """Sessions idle longer than ``ttl``: no generation on them (``users``), and
+        nothing appended for that long."""
         with self.lock:
-            return [s for s in self._sessions.values() if now - s.last > ttl]
+            return [s for s in self._sessions.values()
+                    if not s.users and now - s.last > ttl]
 
     def snapshot(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
         """Open sessions per namespace, and each open session's length."""

@@ -6,7 +6,9 @@ Interface:
 * ``Sessions``: ``open``, ``close``, ``close_locked`` (the caller holds the session's
   lock), ``infos`` (the list of open sessions), ``describe``, ``tail``, ``expire_idle``
   (and ``reap_loop``, the ``suffixd-session-reaper`` thread), ``load`` (every stored
-  session into the registry and its session tree, at start-up).
+  session into the registry and its session tree, at start-up), ``hold`` / ``release``
+  (a generation runs on the session: the reaper leaves it open until the last one ends,
+  and its idle time starts then; ``open(..., hold=True)`` opens it held).
 
 Locks: ``Session.lock`` serialises a session's writes: ``open`` holds it until the
 session is durable (nobody can use it before), ``close`` while the close commits and the
@@ -91,7 +93,11 @@ class Sessions:
         session_id: str | None = None,
         metadata: dict[str, str] | None = None,
         tokens: Sequence[int] = (),
+        hold: bool = False,
     ) -> dict[str, Any]:
+        """Open a session (durable when it returns). ``hold``: opened held by the caller's
+        generation (``release`` when it ends), so the reaper cannot close it before the
+        caller gets to it."""
         self.validator.check_name("namespace", ns)
         sid = session_id or secrets.token_hex(8)
         self.validator.check_name("session_id", sid)
@@ -133,9 +139,33 @@ class Sessions:
                     self.store.write(lambda t: t.delete_session(ns, sid))
                 raise
             sess.push_tail(toks)
+            if hold:
+                sess.users += 1
             return sess.info()
         finally:
             sess.lock.release()
+
+    def hold(self, ns: str, sid: str) -> Session | None:
+        """The open session ``sid``, held for a generation until ``release``: the idle
+        reaper leaves it open meanwhile. None when it is not open (closed meanwhile: the
+        caller opens it again)."""
+        try:
+            sess = self.registry.get(ns, sid)
+        except NotFound:
+            return None
+        # under the session's lock: the reaper decides under it too, so a session is
+        # either closed before this or held after it
+        with sess.lock:
+            if sess.closed:
+                return None
+            sess.users += 1
+        return sess
+
+    def release(self, sess: Session) -> None:
+        """A generation on ``sess`` ended: its idle time starts now."""
+        with sess.lock:
+            sess.users = max(0, sess.users - 1)
+            sess.last = time.time()
 
     def close(self, ns: str, sid: str, keep_responses: bool = True) -> dict[str, int]:
         sess = self.registry.get(ns, sid)
@@ -213,7 +243,8 @@ class Sessions:
         closed = []
         for sess in idle:
             with sess.lock:
-                if sess.closed or now - sess.last <= ttl:
+                # a generation may have taken it since the list was made
+                if sess.closed or sess.users or now - sess.last <= ttl:
                     continue
                 self.close_locked(sess, keep_responses=True)
                 closed.append((sess.ns, sess.id))

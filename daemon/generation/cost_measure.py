@@ -12,9 +12,10 @@ Interface:
 * ``CostMeasurement``, a mixin of ``Verifier`` (the host calls ``_init_costs`` in its
   constructor; what the measurement uses of it is spelt out by ``_Host``):
 
-  - ``measure_cost_profile(ks, reps)``: times batches on a scratch slot at start-up,
-    sets ``cost_seconds`` / ``raw_cost_seconds`` and the padding plan, and returns
-    the profile relative to one token;
+  - ``measure_cost_profile(ks, reps)``: times batches on a scratch slot (while serving:
+    each in a gap between requests), sets ``cost_seconds`` / ``raw_cost_seconds``, the
+    padding plan, ``costs_distorted`` and ``cost_load`` (the load it was taken under),
+    and returns the profile relative to one token; ``MeasurementStopped`` when stopped;
   - ``_observe_cost(n, seconds)``: one verification step of ``n`` tokens while serving
     (called by the step loop, once per step);
   - ``restore_costs(raw, padded)``: the same state from a stored measurement;
@@ -25,6 +26,7 @@ Interface:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -44,6 +46,48 @@ LIVE_COST_ALPHA = 0.03
 # Rounds of the cost measurement while it still looks load-distorted (see
 # measure_cost_profile); one round of 33 sizes takes about 1.5 s here.
 MAX_PROFILE_ROUNDS = 8
+# A measurement whose kept (fastest) batches spent more than this share of their
+# threads' time waiting for a CPU (other processes, or more threads than cores) was
+# taken under load: stored as distorted, and measured again at the next start.
+CPU_WAIT_DISTORTED = 0.10
+# ... and one whose one-token batch was slower than serving's own one-token steps (an
+# average, so normally slower than a fastest-of-rounds) by more than this factor.
+SERVING_MARGIN = 1.5
+SERVING_MIN_STEPS = 16
+
+
+class MeasurementStopped(Exception):
+    """The cost measurement was stopped (the daemon stops) before it ended."""
+
+
+def thread_cpu_times() -> tuple[int, int] | None:
+    """Nanoseconds this process's threads have run, and waited runnable for a CPU, so
+    far (Linux schedstat; None elsewhere)."""
+    run = wait = 0
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                    fields = f.read().split()
+            except FileNotFoundError:  # the thread ended meanwhile
+                continue
+            run += int(fields[0])
+            wait += int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return run, wait
+
+
+def cpu_wait_share(before: tuple[int, int] | None,
+                   after: tuple[int, int] | None) -> float | None:
+    """The share of the threads' time between two ``thread_cpu_times`` that they spent
+    waiting for a CPU: 0 on an idle machine, ~0.5 with a busy process per core."""
+    if before is None or after is None:
+        return None
+    run, wait = after[0] - before[0], after[1] - before[1]
+    if run <= 0 or wait < 0:
+        return None
+    return wait / (run + wait)
 
 
 def _plausible(samples: dict[int, list[float]]) -> bool:
@@ -95,14 +139,19 @@ class _Host(Protocol):
     vocab_size: int
     cost_seconds: dict[int, float]
     costs_distorted: bool
+    cost_load: dict[str, object]
+    measured_batches: int
+    _live_s: dict[int, float]
+    _live_n: dict[int, int]
     raw_cost_seconds: dict[int, float]
     padded_cost_seconds: dict[tuple[int, int], float]
     _pad_to: dict[int, int]
 
     @property
     def bos_token(self) -> int: ...
-    @property
-    def _turns(self) -> AbstractContextManager[None]: ...
+    def _measure_turn(self) -> AbstractContextManager[None]: ...
+    def _timed_batch(self, key: str, base: list[int], k: int,
+                     j: int) -> tuple[float, float | None] | None: ...
     def _decode(self, seq_id: int, tokens: Sequence[int], pos0: int, all_logits: bool,
                 outputs: int | None = None) -> None: ...
     def _logits_view(self, i: int) -> np.ndarray: ...
@@ -110,7 +159,6 @@ class _Host(Protocol):
     def _acquire_slot(self, key: str) -> Slot: ...
     def _release_slot(self, slot: Slot) -> None: ...
     def _make_room(self, slot: Slot, needed: int) -> None: ...
-    def _give_way(self) -> None: ...
     def forget(self, session_key: str) -> None: ...
 
 
@@ -125,8 +173,11 @@ class CostMeasurement:
         # seconds of a j-token batch with logits for its first k rows, keyed (k, j)
         self.padded_cost_seconds: dict[tuple[int, int], float] = {}
         self._pad_to: dict[int, int] = {}
-        # The last measurement looked distorted by machine load (see measure_cost_profile).
+        # The last measurement looked distorted by machine load, and the figures that
+        # say so (see measure_cost_profile).
         self.costs_distorted = False
+        self.cost_load: dict[str, object] = {}
+        self.measured_batches = 0  # batches the measurement has timed (its progress)
         # What verification steps cost while serving, by tokens verified (draft + 1):
         # an exponential average of seconds and a sample count (see live_cost_profile).
         self._live_s: dict[int, float] = {}
@@ -151,32 +202,35 @@ class CostMeasurement:
 
         Runs on a scratch slot at a realistic context length, sizes interleaved so
         that a burst of machine load does not hit one size only; each size keeps its
-        fastest repetition (it may run while serving: each timed batch waits a moment
-        for the active generations to pause, ``_give_way``). llama.cpp's CPU kernels
-        work in blocks of rows, so some batch sizes cost less than smaller ones (here 8
-        tokens cost less than 5); a batch is then padded up to the cheaper size, and the
-        returned profile is the cost after padding. It feeds ``suffixcache.CostProfile``
-        so drafts stay within what pays.
+        fastest repetition. While serving, each timed batch takes the model only once no
+        generation is active or waiting (``_measure_turn``) and the scratch slot only for
+        that batch, so a request never waits for the measurement longer than one batch;
+        ``MeasurementStopped`` once ``stop_measuring`` is set (the daemon stops).
+        llama.cpp's CPU kernels work in blocks of rows, so some batch sizes cost less
+        than smaller ones (here 8 tokens cost less than 5); a batch is then padded up to
+        the cheaper size, and the returned profile is the cost after padding. It feeds
+        ``suffixcache.CostProfile`` so drafts stay within what pays.
+
+        ``costs_distorted`` says honestly whether machine load shaped the result: the
+        kept (fastest) batches waited for a CPU (``CPU_WAIT_DISTORTED``, from the
+        kernel's per-thread run-queue times), one token was not the cheapest batch, or
+        the one-token batch was slower than serving's own one-token steps
+        (``SERVING_MARGIN``); ``cost_load`` holds the figures.
         """
         key = "\x00cost-profile"
         ks = sorted({int(k) for k in ks if 1 <= int(k) <= self.n_batch})
-        slot = self._acquire_slot(key)
+        # a realistic context: 512 tokens, or what a small context leaves room for
+        n_base = max(1, min(512, self.n_ctx - max(ks) - 1))
+        base = [self.bos_token] + [(7 * i + 100) % self.vocab_size for i in range(n_base - 1)]
+        samples: dict[int, list[float]] = {k: [] for k in ks}
+        # (k, j): j tokens, logits for the first k rows (a padded batch of k)
+        shapes = [(k, k) for k in ks] + [(k, j) for k in ks for j in pad_candidates(k, ks)]
+        shapes.sort(key=lambda s: (s[0], s[1]))
+        padded: dict[tuple[int, int], list[float]] = {s: [] for s in shapes if s[0] != s[1]}
+        # each sample's share of the llama.cpp threads' time spent waiting for a CPU
+        waits: dict[tuple[int, int], list[float | None]] = {s: [] for s in shapes}
+        rounds = 0
         try:
-            # a realistic context: 512 tokens, or what a small context leaves room for
-            n_base = max(1, min(512, self.n_ctx - max(ks) - 1))
-            base = [self.bos_token] + [(7 * i + 100) % self.vocab_size for i in range(n_base - 1)]
-            self._make_room(slot, len(base) + max(ks))
-            with self._turns:
-                self._seq_rm(slot.seq_id, 0)
-                slot.tokens = []
-                self._decode(slot.seq_id, base, 0, all_logits=False)
-                slot.tokens = list(base)
-            samples: dict[int, list[float]] = {k: [] for k in ks}
-            # (k, j): j tokens, logits for the first k rows (a padded batch of k)
-            shapes = [(k, k) for k in ks] + [(k, j) for k in ks for j in pad_candidates(k, ks)]
-            shapes.sort(key=lambda s: (s[0], s[1]))
-            padded: dict[tuple[int, int], list[float]] = {s: [] for s in shapes if s[0] != s[1]}
-            rounds = 0
             # One token is the cheapest batch there is. Under heavy load (more busy
             # threads than cores) llama.cpp's threads wait for each other at every op,
             # which inflates small batches most: one such measurement had one token
@@ -185,29 +239,48 @@ class CostMeasurement:
             while rounds < reps or (rounds < max_rounds and not _plausible(samples)):
                 rounds += 1
                 for k, j in shapes:
-                    self._give_way()
-                    with self._turns:
-                        t0 = time.perf_counter()
-                        self._decode(slot.seq_id, base[1 : j + 1], len(base), all_logits=True,
-                                     outputs=k)
-                        self._logits_view(k - 1)
-                        dt = time.perf_counter() - t0
-                        (samples[k] if k == j else padded[(k, j)]).append(dt)
-                        self._seq_rm(slot.seq_id, len(base))
+                    while True:  # until this shape is timed (the base context may go first)
+                        timed = self._timed_batch(key, base, k, j)
+                        if timed is not None:
+                            break
+                    dt, wait = timed
+                    (samples[k] if k == j else padded[(k, j)]).append(dt)
+                    waits[(k, j)].append(wait)
         finally:
-            self._release_slot(slot)
             self.forget(key)
         # The fastest of the repetitions: other processes on the machine only ever add
         # time, and a profile inflated by a burst of load makes the drafter too timid.
         raw = {k: float(np.min(v)) for k, v in samples.items()}
         best_padded = {s: float(np.min(v)) for s, v in padded.items()}
-        self.costs_distorted = not _plausible(samples)
+        kept_waits = [w[int(np.argmin(samples[k] if k == j else padded[(k, j)]))]
+                      for (k, j), w in waits.items()]
+        known = [w for w in kept_waits if w is not None]
+        cpu_wait = float(np.mean(known)) if known else None
+        serving_one = self._live_s.get(1) if self._live_n.get(1, 0) >= SERVING_MIN_STEPS \
+            else None
+        implausible = not _plausible(samples)
+        loaded = cpu_wait is not None and cpu_wait > CPU_WAIT_DISTORTED
+        slower = serving_one is not None and raw.get(1, 0.0) > SERVING_MARGIN * serving_one
+        self.costs_distorted = implausible or loaded or slower
+        self.cost_load = {
+            "rounds": rounds,
+            "cpu_wait_share": None if cpu_wait is None else round(cpu_wait, 3),
+            "one_token_s": round(raw.get(1, 0.0), 6),
+            "serving_one_token_s": None if serving_one is None else round(serving_one, 6),
+            "one_token_not_cheapest": implausible,
+            "distorted": self.costs_distorted,
+        }
         if self.costs_distorted:
             log.warning(
-                "verifier cost profile measured under heavy load (%d rounds, one token "
-                "not the cheapest batch); larger batches are taken to cost at least one token",
-                rounds,
+                "verifier cost profile measured under load (%s); it is used, stored as "
+                "distorted and measured again at the next start",
+                ", ".join(why for why, hit in (
+                    (f"its batches waited for a CPU {cpu_wait or 0:.0%} of the time", loaded),
+                    ("one token not the cheapest batch", implausible),
+                    ("one token slower than serving's own steps", slower)) if hit),
             )
+        if implausible:
+            # larger batches are taken to cost at least one token
             floor = raw.get(1, min(raw.values()))
             raw = {k: max(t, floor) for k, t in raw.items()}
             best_padded = {s: max(t, floor) for s, t in best_padded.items()}
@@ -215,6 +288,37 @@ class CostMeasurement:
             self, {**self.raw_cost_seconds, **raw}, {**self.padded_cost_seconds, **best_padded})
         one = self.cost_seconds[min(self.cost_seconds)]
         return {k: round(self.cost_seconds[k] / one, 3) for k in ks}
+
+    def _timed_batch(self: _Host, key: str, base: list[int], k: int,
+                     j: int) -> tuple[float, float | None] | None:
+        """One timed batch of ``j`` tokens (logits for ``k`` rows) after ``base`` on the
+        scratch slot ``key``: its seconds and the share of its threads' time spent waiting
+        for a CPU (None where the kernel does not say). None when the slot had lost its
+        base context (a session took the slot meanwhile) and this turn evaluated it again.
+        The slot is held for this batch only: with every slot busy it waits for one, and
+        between batches an idle session keeps its KV."""
+        slot = self._acquire_slot(key)
+        try:
+            with self._measure_turn():
+                if slot.tokens != base:
+                    self._make_room(slot, len(base) + j)
+                    self._seq_rm(slot.seq_id, 0)
+                    slot.tokens = []
+                    self._decode(slot.seq_id, base, 0, all_logits=False)
+                    slot.tokens = list(base)
+                    return None
+                before = thread_cpu_times()
+                t0 = time.perf_counter()
+                self._decode(slot.seq_id, base[1 : j + 1], len(base), all_logits=True,
+                             outputs=k)
+                self._logits_view(k - 1)
+                dt = time.perf_counter() - t0
+                after = thread_cpu_times()
+                self._seq_rm(slot.seq_id, len(base))
+                self.measured_batches += 1
+        finally:
+            self._release_slot(slot)
+        return dt, cpu_wait_share(before, after)
 
     def restore_costs(
         self: _Host, raw: dict[int, float], padded: dict[tuple[int, int], float]

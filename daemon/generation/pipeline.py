@@ -23,6 +23,7 @@ environment variable.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -35,10 +36,16 @@ from typing import Any
 
 from suffixcache import CostProfile
 
-from ..common.errors import AlreadyExists, FailedPrecondition, NotFound, ResourceExhausted
+from ..common.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from ..model import extra_weight_buffers
 from .chat import ChatRenderer
-from .cost_measure import MAX_PROFILE_ROUNDS
+from .cost_measure import MAX_PROFILE_ROUNDS, MeasurementStopped
 from .cost_store import FILE_NAME as COST_FILE
 from .cost_store import ProfileStore, StoredCosts, profile_key
 from .draft_model import AdaptiveDrafter, DraftModel, draft_seconds_per_token, measure
@@ -113,6 +120,7 @@ class Runtime:
         if draft_path:
             phase("loading draft model")
             self.draft_model = DraftModel(draft_path, self.verifier)
+        self.measure_thread: threading.Thread | None = None  # started by Generation
         rounds = os.environ.get("SUFFIXD_COST_ROUNDS")
         self.rounds = int(rounds or COST_ROUNDS)
         self.max_rounds = self.rounds if rounds else MAX_PROFILE_ROUNDS
@@ -164,13 +172,13 @@ class Runtime:
     def measure(self) -> None:
         """Measure the verifier's (and the draft model's) costs, use and store them.
 
-        Safe while generations run: each timed batch takes the model alone between two
-        steps (StepBatcher.exclusive), so the timings are the model's own, and first
-        gives active generations up to MEASURE_YIELD_S to step (StepBatcher.wait_idle),
-        so it runs in the gaps between requests and costs a continuous one a timed
-        batch per quarter second. Its scratch KV slot is held throughout: with every
-        ``--kv-slots`` slot busy it waits for one, and meanwhile one session fewer keeps
-        its KV (the least recently used idle one gives its slot up, as for any session)."""
+        Safe while generations run, and never in their way: each timed batch takes the
+        model alone once no generation is active or waiting (StepBatcher.quiet_exclusive),
+        so the timings are the model's own and a request waits for at most the one batch
+        it arrived during; a continuously busy daemon measures nothing and plans with
+        what serving's own steps cost meanwhile (Generation._refresh_cost_profile). The
+        scratch KV slot is held for one batch at a time. Ends early, storing nothing,
+        once ``stop()`` is called (the daemon stops)."""
         t0 = time.monotonic()
         self.profile_source = "measuring"  # also when a distorted stored one is in use
         try:
@@ -181,6 +189,9 @@ class Runtime:
             costs = StoredCosts(dict(v.raw_cost_seconds), dict(v.padded_cost_seconds),
                                 draft_s, v.costs_distorted)
             self._use(costs)
+        except MeasurementStopped:
+            log.info("verifier cost measurement stopped; measured again at the next start")
+            return
         except Exception:
             self.profile_source = "failed"
             log.exception("measuring the verifier's costs failed; serving goes on with "
@@ -196,7 +207,29 @@ class Runtime:
                 log.warning("verifier costs not stored: %s", exc)
         log.info("verifier costs measured", extra={"seconds": round(time.monotonic() - t0, 1),
                                                    "stored": stored,
-                                                   "distorted": costs.distorted})
+                                                   "distorted": costs.distorted,
+                                                   "load": json.dumps(v.cost_load)})
+
+    def start_measuring(self) -> None:
+        if self.needs_measuring and self.measure_thread is None:
+            self.measure_thread = threading.Thread(target=self.measure,
+                                                   name="suffixd-cost-measure", daemon=True)
+            self.measure_thread.start()
+
+    def close(self, timeout: float) -> bool:
+        """Stop the measurement, wait for its thread, then free the models: whether they
+        were freed (not while the measurement still runs: a free under a running decode
+        crashes the process)."""
+        self.verifier.stop_measuring()
+        t = self.measure_thread
+        if t is not None:
+            t.join(timeout)
+            if t.is_alive():
+                return False
+        if self.draft_model is not None:
+            self.draft_model.close()
+        self.verifier.close()
+        return True
 
 
 @dataclass
@@ -259,6 +292,11 @@ class Generation:
         self._on_ready: list[Callable[[], None]] = []
         # when `suffixd serve` started (daemon/server/serve.py sets it), for the ready line
         self.started = getattr(engine, "serve_started", None) or time.monotonic()
+        # The generations running (their cancel events) and whether the daemon stops:
+        # close() cancels them and waits for them before the models are freed.
+        self._runs: set[threading.Event] = set()
+        self._runs_cond = threading.Condition()
+        self._closing = False
 
     @property
     def loaded(self) -> Runtime | None:
@@ -279,6 +317,8 @@ class Generation:
         with self._load_lock:
             rt = self._runtime
             if rt is None:
+                if self._closing:
+                    raise Unavailable("the daemon is stopping")
                 try:
                     rt = Runtime(self.engine, self._set_phase)
                 except Exception as exc:
@@ -296,10 +336,62 @@ class Generation:
                         fn()
                     except Exception:  # a health flag not set must not fail the load
                         log.exception("a readiness callback failed")
-                if rt.needs_measuring:
-                    threading.Thread(target=rt.measure, name="suffixd-cost-measure",
-                                     daemon=True).start()
+                if not self._closing:
+                    rt.start_measuring()
             return rt
+
+    def drain(self, timeout: float) -> None:
+        """The daemon begins to stop: new generations are refused (UNAVAILABLE), the cost
+        measurement ends at its next batch, running generations may finish for up to
+        ``timeout`` seconds, and those still running then end at their next step with
+        UNAVAILABLE ("the daemon is stopping"), so that the fronts can answer them before
+        they close."""
+        deadline = time.monotonic() + timeout
+        with self._runs_cond:
+            self._closing = True
+        rt = self._runtime
+        if rt is not None:
+            rt.verifier.stop_measuring()
+        with self._runs_cond:
+            while self._runs and (left := deadline - time.monotonic()) > 0:
+                self._runs_cond.wait(left)
+            for cancelled in self._runs:
+                cancelled.set()
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Stop generating (the daemon stops): running generations are cancelled at their
+        next step and waited for, a model load in progress too, the cost measurement is
+        stopped and joined, and only then are the models freed. llama.cpp must not be
+        freed, nor the process exit, under a thread still inside it (a SIGTERM during
+        the measurement crashed the process). Returns whether everything ended within
+        ``timeout`` seconds (if not, nothing is freed)."""
+        deadline = time.monotonic() + timeout
+        with self._runs_cond:
+            self._closing = True
+            for cancelled in self._runs:
+                cancelled.set()
+        rt = self._runtime
+        if rt is not None:  # its measurement first: it may hold the model for a batch
+            rt.verifier.stop_measuring()
+        with self._runs_cond:
+            while self._runs and (left := deadline - time.monotonic()) > 0:
+                self._runs_cond.wait(left)
+            busy = len(self._runs)
+        if busy:
+            log.warning("%d generations still running at shutdown", busy)
+            return False
+        # (after the generations: one may be waiting for the model to load)
+        if not self._load_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            log.warning("the model was still loading at shutdown")
+            return False
+        try:
+            rt = self._runtime
+            if rt is not None and not rt.close(max(0.0, deadline - time.monotonic())):
+                log.warning("the cost measurement did not stop at shutdown")
+                return False
+            return True
+        finally:
+            self._load_lock.release()
 
     def not_ready(self) -> str:
         """Why no generation can be served yet (for /health), "" once one can."""
@@ -391,6 +483,20 @@ class Generation:
         """Verified chunks of ``req``; the last one has a finish reason and the totals.
         Stops early (between two steps) once ``cancelled`` is set: the session keeps what
         was generated so far, and the verifier's slot is released."""
+        cancel = cancelled if cancelled is not None else threading.Event()
+        with self._runs_cond:
+            if self._closing:
+                raise Unavailable("the daemon is stopping")
+            self._runs.add(cancel)
+        try:
+            yield from self._run(req, cancel, prompt)
+        finally:
+            with self._runs_cond:
+                self._runs.discard(cancel)
+                self._runs_cond.notify_all()
+
+    def _run(self, req: GenerationRequest, cancelled: threading.Event,
+             prompt: list[int] | None) -> Iterator[Chunk]:
         engine = self.engine
         ns = req.namespace or "default"
         sid = req.session_id
@@ -401,6 +507,10 @@ class Generation:
         # Every refusal before the first change: a refused request leaves nothing.
         session_open = self.check(req, prompt)
         oneoff = not sid
+        # The session stays held until the generation ends (engine.hold_session): the
+        # idle reaper never closes it under a generation, whose prompt evaluation or wait
+        # for the model may append nothing for longer than --session-idle-timeout.
+        held: Any = None
         if oneoff:
             # A one-off request learns too: it runs in a session of its own, closed at the
             # end with its response kept (in the namespace's global tree, durably), so the
@@ -408,19 +518,45 @@ class Generation:
             # more sessions it still drafts from the trees, learning nothing.
             sid = f"oneoff-{uuid.uuid4().hex}"
             try:
-                engine.open_session(ns, sid, tokens=prompt)  # record + prompt: one commit
+                # record + prompt: one commit
+                engine.open_session(ns, sid, tokens=prompt, hold=True)
             except (ResourceExhausted, FailedPrecondition) as exc:
                 log.info("one-off request in %r not remembered: %s", ns, exc)
                 sid = ""
-        elif not session_open:
-            self.forget_session(ns, sid)  # what a closed session of that id had seen
-            try:
-                # A new session's record and prompt commit together: a failed write (a
-                # full disk) leaves no empty session behind.
-                engine.open_session(ns, sid, tokens=prompt)
-            except AlreadyExists:  # opened meanwhile by another request
-                session_open = True
-        if session_open:
+            else:
+                held = engine.stream_session(ns, sid)
+        else:
+            held = engine.hold_session(ns, sid) if session_open else None
+            if held is None:  # not open, or closed since check()
+                self.forget_session(ns, sid)  # what a closed session of that id had seen
+                try:
+                    # A new session's record and prompt commit together: a failed write
+                    # (a full disk) leaves no empty session behind.
+                    engine.open_session(ns, sid, tokens=prompt, hold=True)
+                    held = engine.stream_session(ns, sid)
+                    session_open = False
+                except AlreadyExists:  # opened meanwhile by another request
+                    held = engine.hold_session(ns, sid)
+                    if held is None:
+                        raise NotFound(f"session {sid!r} in namespace {ns!r} was closed "
+                                       "while this request opened it") from None
+                    session_open = True
+        try:
+            yield from self._generate(rt, req, params, prompt, ns, sid, oneoff,
+                                      session_open and held is not None, held, cancelled)
+        finally:
+            if held is not None:
+                engine.release_session(held)
+            if oneoff and sid:
+                self._close_oneoff(ns, sid)
+
+    def _generate(self, rt: Runtime, req: GenerationRequest, params: GenerateParams,
+                  prompt: list[int], ns: str, sid: str, oneoff: bool, append_prompt: bool,
+                  sess: Any, cancelled: threading.Event) -> Iterator[Chunk]:
+        """``run`` once the session is held: the prompt's new part appended (when the
+        session was open already), then the verifier's chunks."""
+        engine = self.engine
+        if append_prompt:
             new = self._new_prompt_part((ns, sid), prompt)
             if new:
                 engine.append(ns, sid, "prompt", new)
@@ -428,7 +564,6 @@ class Generation:
         vkey = f"\x00oneoff-{uuid.uuid4().hex}" if oneoff else f"{ns}\x00{sid}"
 
         fallback = rt.fallback
-        sess = engine.stream_session(ns, sid) if sid else None
         fed = [len(prompt)]  # context tokens the session already holds
 
         def propose(ctx: list[int], k: int) -> Any:
@@ -470,7 +605,9 @@ class Generation:
         try:
             for chunk in rt.verifier.generate(vkey, prompt, params, propose, on_step,
                                               cache_points=hints, cache_scope=ns):
-                if cancelled is not None and cancelled.is_set():
+                if cancelled.is_set():
+                    if self._closing:  # not the client's doing: say why it ended early
+                        raise Unavailable("the daemon is stopping")
                     break
                 generated += chunk.tokens
                 if chunk.finish_reason is not None and sid:
@@ -486,8 +623,6 @@ class Generation:
         finally:
             if oneoff:
                 rt.verifier.forget(vkey)
-                if sid:
-                    self._close_oneoff(ns, sid)
 
     def _close_oneoff(self, ns: str, sid: str) -> None:
         try:

@@ -28,6 +28,13 @@ Planning a step (pure, unit-tested):
   costs a padded row about PAD_ROW_WEIGHT of a row with logits (the 262k-wide output
   layer runs only for rows with logits).
 
+Work that is not a step takes the model between two steps: ``exclusive()`` (KV changes,
+certification) goes before the waiting steps; ``quiet_exclusive(stop)`` (the cost
+measurement) only once no generation is active or waiting (``request()`` spans a
+generation from its arrival, before its KV slot, to its end), so it never delays a
+request by more than the one batch it has started. ``request()`` also times how long a
+generation queued before its first step (``BatchCounters.queue_*``).
+
 The batcher knows nothing of llama.cpp: the verifier gives it the decode to run.
 """
 
@@ -80,6 +87,7 @@ class StepRows:
     arrived: float = 0.0
     done: bool = False
     error: BaseException | None = None
+    decode_started: float = 0.0  # monotonic time its step's decode began
 
     @property
     def outputs(self) -> int:
@@ -101,6 +109,11 @@ class BatchCounters:
     between_s: float = 0.0  # from the last sequence leaving a step to the next decode
     reading_s: float = 0.0  # from a decode's end to its last sequence leaving the step
     by_sequences: dict[int, int] = field(default_factory=dict)  # sequences -> steps
+    # Generations that reached their first step, and how long they queued before it
+    # (for a KV slot, behind other steps and exclusive work): summed and the longest.
+    queued: int = 0
+    queue_s: float = 0.0
+    queue_max_s: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -112,6 +125,8 @@ class BatchCounters:
             "decode_s": round(self.decode_s, 3), "between_s": round(self.between_s, 3),
             "reading_s": round(self.reading_s, 3),
             "by_sequences": {str(k): v for k, v in sorted(self.by_sequences.items())},
+            "queued_requests": self.queued, "queue_s": round(self.queue_s, 3),
+            "queue_max_s": round(self.queue_max_s, 3),
         }
 
 
@@ -288,6 +303,27 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
     return chosen
 
 
+class Interrupted(Exception):
+    """A ``quiet_exclusive`` wait ended by its stop event (the daemon is stopping)."""
+
+
+class Request:
+    """One generation in the batcher, from its arrival (``StepBatcher.request``)."""
+
+    __slots__ = ("arrived", "queue_s")
+
+    def __init__(self) -> None:
+        self.arrived = time.monotonic()
+        self.queue_s: float | None = None  # set at its first step
+
+    def first_step(self, rows: StepRows, counters: BatchCounters) -> None:
+        if self.queue_s is None:
+            self.queue_s = max(0.0, rows.decode_started - self.arrived)
+            counters.queued += 1
+            counters.queue_s += self.queue_s
+            counters.queue_max_s = max(counters.queue_max_s, self.queue_s)
+
+
 class StepBatcher:
     """Gathers the active generations' rows and runs one decode per step for them all."""
 
@@ -310,6 +346,7 @@ class StepBatcher:
         self._in_flight = 0  # sequences of the last step still reading their logits
         self._busy = False  # a decode or an exclusive holder has the model
         self._exclusive_waiting = 0
+        self._requests = 0  # generations between request() entry and exit
         self._free_since = time.monotonic()
         self._decoded_at = self._free_since
         self._decode_s = 0.02
@@ -326,6 +363,21 @@ class StepBatcher:
         """Whether other generations are active (a step is likely shared)."""
         return self._members > 1
 
+    @contextmanager
+    def request(self) -> Iterator[Request]:
+        """A generation, from its arrival (before it waits for a KV slot) to its end: while
+        any is in, ``quiet_exclusive`` waits. Pass what it yields to ``step`` to time its
+        queueing before the first step."""
+        req = Request()
+        with self._cond:
+            self._requests += 1
+        try:
+            yield req
+        finally:
+            with self._cond:
+                self._requests -= 1
+                self._cond.notify_all()
+
     def join(self) -> None:
         with self._cond:
             self._members += 1
@@ -336,11 +388,15 @@ class StepBatcher:
             self._cond.notify_all()
 
     @contextmanager
-    def step(self, req: StepRows) -> Iterator[StepRows]:
+    def step(self, req: StepRows, request: Request | None = None) -> Iterator[StepRows]:
         """Evaluate ``req`` in the next step; inside the block its logits are readable
         (rows ``offset .. offset + kept``) and its KV may be rolled back. Set
-        ``req.emitted`` before leaving it."""
+        ``req.emitted`` before leaving it. ``request``: the generation it belongs to
+        (its first step ends its queueing)."""
         self._submit(req)
+        if request is not None and request.queue_s is None:
+            with self._cond:
+                request.first_step(req, self.counters)
         try:
             yield req
         finally:
@@ -352,16 +408,6 @@ class StepBatcher:
                     self.counters.reading_s += self._free_since - self._decoded_at
                     self._cond.notify_all()
 
-    def wait_idle(self, timeout: float) -> None:
-        """Wait until no generation is active, at most ``timeout`` seconds: a long run of
-        exclusive work (the cost measurement while serving) takes the model in the gaps
-        between generations, or one batch per ``timeout`` during one, instead of taking
-        it before every step (exclusive() goes before waiting steps)."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._members and (left := deadline - time.monotonic()) > 0:
-                self._cond.wait(left)
-
     @contextmanager
     def exclusive(self) -> Iterator[None]:
         """The model alone, between two steps (cost measurement, certification, KV
@@ -371,6 +417,33 @@ class StepBatcher:
             while self._busy or self._in_flight:
                 self._cond.wait()
             self._exclusive_waiting -= 1
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy = False
+                self._free_since = time.monotonic()
+                self._cond.notify_all()
+
+    def _quiet(self) -> bool:
+        return not (self._requests or self._members or self._pending or self._busy
+                    or self._in_flight or self._exclusive_waiting)
+
+    @contextmanager
+    def quiet_exclusive(self, stop: threading.Event | None = None,
+                        poll_s: float = 0.1) -> Iterator[None]:
+        """The model alone, once no generation is active or waiting: work that must never
+        delay a request (the cost measurement while serving) runs only in the gaps
+        between requests, one piece per gap check. Raises ``Interrupted`` once ``stop``
+        is set instead of waiting on."""
+        with self._cond:
+            while not self._quiet():
+                if stop is not None and stop.is_set():
+                    raise Interrupted
+                self._cond.wait(poll_s)
+            if stop is not None and stop.is_set():
+                raise Interrupted
             self._busy = True
         try:
             yield
@@ -413,6 +486,9 @@ class StepBatcher:
         if gap < 1.0:  # not an idle model: the sequences' own work between two decodes
             self.counters.between_s += gap
         self._cond.release()
+        started = time.monotonic()
+        for r in batch:
+            r.decode_started = started
         t0 = time.perf_counter()
         try:
             self._run(batch)

@@ -38,7 +38,7 @@ import ctypes
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,17 +47,12 @@ import numpy as np
 
 from ..model import extra_weight_buffers
 from .certify import Certification, TokenGap, token_gap
-from .cost_measure import CostMeasurement
+from .cost_measure import CostMeasurement, MeasurementStopped
 from .grammar import Grammar, GrammarError, GrammarState, constrained_argmax
 from .kv_slots import ContextOverflowError as ContextOverflowError  # raised by generate
 from .kv_slots import KvSlots, Slot
 from .sampling import SamplingNoise, race, speculative_sample, target_probs
-from .step_batch import StepBatcher, StepRows
-
-# How long a timed batch of the cost measurement waits for active generations to pause
-# (one timed batch per this many seconds while they do not: ~10-25% of a generation's
-# speed on 2 cores, for the minute or two the measurement then takes).
-MEASURE_YIELD_S = 0.25
+from .step_batch import Interrupted, StepBatcher, StepRows
 
 
 class DraftLike(Protocol):
@@ -112,6 +107,9 @@ class GenerationStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     prompt_s: float = 0.0  # prompt processing
+    # arrival -> its first step's decode: waiting for a KV slot, for other steps, for
+    # exclusive work (BatchCounters.queue_s sums it over requests)
+    queue_s: float = 0.0
     first_token_s: float = 0.0  # request start -> first generated token
     decode_s: float = 0.0  # first -> last generated token
     total_s: float = 0.0
@@ -129,6 +127,7 @@ class GenerationStats:
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
             "prompt_s": self.prompt_s,
+            "queue_s": self.queue_s,
             "first_token_s": self.first_token_s,
             "decode_s": self.decode_s,
             "total_s": self.total_s,
@@ -280,6 +279,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         self._init_slots(n_slots, prompt_cache_mb << 20)
         self._closed = False
         self._init_costs()
+        self._measure_stop = threading.Event()
         self._cost_model: tuple[object, Callable[[int], float]] | None = None
         # Rollbacks of different sequences run in the threads of their generations,
         # between two decodes: llama.cpp's memory calls are not made for concurrency.
@@ -301,14 +301,29 @@ class Verifier(KvSlots, CostMeasurement, Certification):
     def _memory_guard(self) -> AbstractContextManager[None]:
         return self._steps.exclusive()
 
-    def _give_way(self) -> None:
-        """Before each timed batch of the cost measurement: let active generations step
-        (up to MEASURE_YIELD_S), so a measurement while serving slows them little."""
-        self._steps.wait_idle(MEASURE_YIELD_S)
+    @contextmanager
+    def _measure_turn(self) -> Iterator[None]:
+        """One batch of the cost measurement: the model alone once no generation is
+        active or waiting (it never delays a request by more than that batch), or
+        MeasurementStopped once ``stop_measuring`` is set."""
+        try:
+            with self._steps.quiet_exclusive(self._measure_stop):
+                if self._closed:
+                    raise MeasurementStopped
+                yield
+        except Interrupted:
+            raise MeasurementStopped from None
+
+    def stop_measuring(self) -> None:
+        """End a cost measurement in progress at its next batch (MeasurementStopped)."""
+        self._measure_stop.set()
 
     def batch_stats(self) -> dict[str, Any]:
-        """How the steps were shared: steps, sequences and rows per step."""
-        return {**self._steps.counters.as_dict(), "rate": round(self._steps.rate, 3)}
+        """How the steps were shared: steps, sequences and rows per step, requests'
+        queueing before their first step, and the cost measurement's progress and the
+        load it ran under."""
+        return {**self._steps.counters.as_dict(), "rate": round(self._steps.rate, 3),
+                "measurement": {"batches": self.measured_batches, **self.cost_load}}
 
     def _relative_cost(self, n: int) -> float:
         """A step of ``n`` verified rows relative to one, from the measured profile
@@ -377,6 +392,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
     def _run_step(self, batch: list[StepRows]) -> None:
         """One decode of a planned step: each request's kept tokens then its padding (the
         last kept token again, no logits), at its own sequence and positions."""
+        if self._closed:  # freed: a decode now would touch freed memory
+            raise RuntimeError("verifier is closed")
         rows = []
         for r in batch:
             toks = r.tokens[: r.kept]
@@ -446,16 +463,19 @@ class Verifier(KvSlots, CostMeasurement, Certification):
             raise ValueError(f"token id {bad[0]} outside the vocabulary (0..{self.vocab_size - 1})")
         if self._closed:
             raise RuntimeError("verifier is closed")
-        slot = self._acquire_slot(session_key)
-        try:
-            self._steps.join()
+        # from its arrival: the cost measurement waits while it waits for a slot, and its
+        # queueing before the first step is counted
+        with self._steps.request() as request:
+            slot = self._acquire_slot(session_key)
             try:
-                yield from self._generate(slot, prompt, params, propose, on_step,
-                                          cache_points, cache_scope)
+                self._steps.join()
+                try:
+                    yield from self._generate(slot, prompt, params, propose, on_step,
+                                              cache_points, cache_scope, request)
+                finally:
+                    self._steps.leave()
             finally:
-                self._steps.leave()
-        finally:
-            self._release_slot(slot)
+                self._release_slot(slot)
 
     def _generate(
         self,
@@ -466,6 +486,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         on_step: StepCallback | None,
         cache_points: Sequence[int] = (),
         cache_scope: str = "",
+        request: Any = None,
     ) -> Iterator[Chunk]:
         stats = GenerationStats(prompt_tokens=len(prompt))
         t_start = time.perf_counter()
@@ -503,7 +524,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
             pos = len(slot.tokens)
             upto = min(end, pos + self.n_batch, *points[:1])
             part = StepRows(slot.seq_id, prompt[pos:upto], pos, room=self.n_batch, prompt=True)
-            with self._steps.step(part):
+            with self._steps.step(part, request):
                 slot.tokens.extend(part.tokens[: part.kept])
             if points and len(slot.tokens) == points[0]:
                 self._save_checkpoint(slot, cache_scope)
@@ -560,7 +581,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                            room=min(room + 1, self.n_batch),
                            probs=list(probs[: len(path)]) if trimmable else None, want=want)
             gaps: list[TokenGap] = []
-            with self._steps.step(req):
+            with self._steps.step(req, request):
                 if req.kept - 1 < len(path):
                     path = path[: req.kept - 1]
                     draft_obj = _cut(draft_obj, len(path))
@@ -682,13 +703,20 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                 stats.decode_s = now - (t_first or now) - (stats.record_s - record_before_first)
                 stats.total_s = now - t_start - stats.record_s
                 chunk.finish_reason = finish
+                if request is not None and request.queue_s is not None:
+                    stats.queue_s = request.queue_s
                 chunk.stats = stats
             yield chunk
 
     def close(self) -> None:
+        """Free the context and the model. The caller makes sure no thread uses them any
+        more (Generation.close: the measurement joined, every generation ended); the
+        batcher's turn is taken anyway, so a step in flight ends before the free."""
         if self._closed:
             return
-        self._closed = True
-        self._batch.close()
-        self._ctx.close()
-        self._model.close()
+        self._measure_stop.set()
+        with self._steps.exclusive():
+            self._closed = True
+            self._batch.close()
+            self._ctx.close()
+            self._model.close()

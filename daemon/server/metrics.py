@@ -145,7 +145,11 @@ class EngineCollector(Collector):
         held = GaugeMetricFamily("suffixd_prompt_cache_bytes",
                                  "Host memory held by prompt checkpoints.")
         held.add_metric([], pc["bytes"])
-        yield from (steps, rows, cut, cache, reused, held)
+        queued = CounterMetricFamily(
+            "suffixd_verifier_queue_seconds", "Seconds generations queued before their "
+            "first step (for a KV slot, behind other steps and exclusive work), summed.")
+        queued.add_metric([], b["queue_s"])
+        yield from (steps, rows, cut, cache, reused, held, queued)
 
 
 # The label value of every namespace's figures summed (without --metrics-namespaces).
@@ -208,6 +212,12 @@ class Instruments:
             "Generate: generated tokens per second of each request (request start to last "
             "token).", buckets=_TPS_BUCKETS, registry=registry,
         )
+        self.queue_seconds = Histogram(
+            "suffixd_generate_queue_seconds",
+            "Generate: time from a request's arrival at the verifier to its first step "
+            "(waiting for a KV slot, other generations' steps, the cost measurement).",
+            buckets=_TTFT_BUCKETS, registry=registry,
+        )
         self.generated = Counter(
             "suffixd_generate_completion_tokens", "Generate: tokens generated.",
             registry=registry,
@@ -226,6 +236,7 @@ class Instruments:
             self.first_token_seconds.observe(float(getattr(stats, "first_token_s", 0.0)))
         if n and total > 0:
             self.tokens_per_second.observe(n / total)
+        self.queue_seconds.observe(max(0.0, float(getattr(stats, "queue_s", 0.0))))
         self.generated.inc(n)
         self.generate_seconds.inc(max(total, 0.0))
 

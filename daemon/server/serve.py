@@ -270,6 +270,21 @@ def start_fleet(engine: Any, cfg: ServeConfig) -> None:
         raise ServeError(str(exc)) from None
 
 
+def stop_generation(engine: Any, timeout: float = 30.0) -> bool:
+    """Before the engine closes and the process exits: the generations cancelled and
+    waited for, the cost measurement stopped and joined, the model freed (a thread left
+    inside llama.cpp while the process exits crashes it: SIGSEGV after "stopped").
+    Returns whether no thread can be inside llama.cpp any more."""
+    generation = getattr(engine, "generator", None)
+    if generation is None:
+        return True
+    try:
+        return bool(generation.close(timeout))
+    except Exception:
+        log.exception("stopping generation failed")
+        return False
+
+
 def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None) -> int:
     """Serve until SIGTERM/SIGINT. Raises ServeError for a start-up problem."""
     from suffixcache.store import TokenizerMismatchError
@@ -277,7 +292,18 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
     from ..engine import Engine
 
     started = time.monotonic()
+    # From the start: a SIGTERM during start-up (the store opening, the trees loading)
+    # ends it cleanly too, instead of Python's default of dying mid-write.
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        log.info("signal received, shutting down", extra={"signal": signum})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     cfg.data_dir = Path(cfg.data_dir).expanduser()
+    log.info("starting", extra={"data_dir": str(cfg.data_dir), "pid": os.getpid()})
     cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     preflight(cfg)  # seconds before the model loads and the trees rebuild
     owner_only(cfg.data_dir)
@@ -318,14 +344,8 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
         server, bound = build_server(engine, cfg, claimed)
         claimed = {}  # the server holds them now
         socket_locks = server.socket_locks
-        stop = threading.Event()
-
-        def on_signal(signum: int, frame: Any) -> None:
-            log.info("signal received, shutting down", extra={"signal": signum})
-            stop.set()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        if stop.is_set():
+            return 0
         if cfg.extra.get("http"):
             from ..http_api.app import start_http
 
@@ -359,6 +379,11 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
         while not stop.wait(0.5):
             pass
         server.enter_graceful_shutdown()
+        # generations finish within the grace period or end with UNAVAILABLE, before the
+        # fronts close (an HTTP stream still open then was cut with a traceback)
+        generation = getattr(engine, "generator", None)
+        if generation is not None:
+            generation.drain(cfg.grace_s)
         if http is not None:
             http.stop()
             http = None
@@ -370,7 +395,9 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
             http.stop()
         if server is not None:
             server.stop(0)
+        quiet = True
         if engine is not None:
+            quiet = stop_generation(engine)
             engine.close()
         with contextlib.suppress(OSError):
             announce.unlink()
@@ -382,3 +409,10 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
             socket_lock.release()
         lock.release()
         log.info("stopped")
+        if not quiet:
+            # The store is closed and flushed; what remains is a thread inside llama.cpp,
+            # which the C library's exit handlers would crash under. End here instead.
+            log.warning("a thread was still inside llama.cpp: exiting without the C exit "
+                        "handlers")
+            logging.shutdown()
+            os._exit(0)
