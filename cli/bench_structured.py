@@ -12,9 +12,12 @@ Each case is a chat (prompts of our own, none of them in the tests) with a
   converts it with its own ``json_schema_to_grammar`` (the measure of record of issue 34:
   not the grammar suffixd built).
 
-Reported per case: equal or where the texts part, and both texts' starts; and how many
-cases are equal. Where they part, the texts are also checked as JSON (whether each
-parses and validates against the schema).
+Reported per case: equal or where the texts part, and both texts' starts; where they
+part, the gap in the target's own logits between the two sides' tokens (a fresh
+evaluation of the same context): under ``certify.NEAR_TIE_GAP`` it is a near-tie that
+batch-shape rounding decides, not a different grammar; and how many cases are equal.
+Both texts are also checked as JSON (whether each parses and validates against the
+schema).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def structured_bench(max_tokens: int, model: str | None, threads: int, as_json: 
     """Greedy response_format answers: suffixd's endpoint against llama-server's own grammar."""
     import openai
 
+    from ..daemon.generation.certify import NEAR_TIE_GAP
     from ..daemon.generation.chat import ChatRenderer
     from ..daemon.generation.verifier import Verifier
     from ..daemon.model import resolve_model_path
@@ -88,6 +92,7 @@ def structured_bench(max_tokens: int, model: str | None, threads: int, as_json: 
         wait_measured(proc, target)
         server.wait_ready()
         oai = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=600)
+        pieces = [renderer_v.token_bytes(t) for t in range(renderer_v.vocab_size)]
         for name, question, schema in CASES:
             messages = [{"role": "user", "content": question}]
             fmt: dict[str, Any] = {"type": "json_object"} if schema is None else {
@@ -108,8 +113,11 @@ def structured_bench(max_tokens: int, model: str | None, threads: int, as_json: 
             ours = answers[0][0]
             part = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False))
                          if a != b), min(len(ours), len(theirs)))
+            tie = None if ours == theirs else _parting_gap(
+                renderer_v, pieces, prompt, turn.tokens, ours.encode())
             rows.append({
-                "case": name, "equal": ours == theirs,
+                "case": name, "equal": ours == theirs, "parting_gap": tie,
+                "near_tie": tie is not None and abs(tie) < NEAR_TIE_GAP,
                 "drafted_equal": answers[1][0] == ours,
                 "drafted_accepted": int(answers[1][1].get("accepted", 0)),
                 "parts_at_char": None if ours == theirs else part,
@@ -124,22 +132,60 @@ def structured_bench(max_tokens: int, model: str | None, threads: int, as_json: 
         renderer_v.close()
         shutil.rmtree(tmp, ignore_errors=True)
     equal = sum(r["equal"] for r in rows)
+    ties = sum(r["near_tie"] for r in rows)
     if as_json:
-        click.echo(json.dumps({"cases": rows, "equal": equal, "of": len(rows),
-                               "max_tokens": max_tokens}, indent=1))
+        click.echo(json.dumps({"cases": rows, "equal": equal, "near_ties": ties,
+                               "of": len(rows), "max_tokens": max_tokens}, indent=1))
         return
     click.echo(f"greedy response_format answers, {max_tokens} tokens: suffixd endpoint vs "
                f"llama-server's own grammar (/completion json_schema)")
     for r in rows:
-        verdict = "equal" if r["equal"] else f"part at char {r['parts_at_char']}"
-        click.echo(f"  {r['case']:<22} {verdict:<18} drafted repeat "
+        verdict = "equal" if r["equal"] else (
+            f"part at char {r['parts_at_char']}, "
+            + (f"near-tie (gap {r['parting_gap']:.3f})" if r["near_tie"]
+               else f"NOT a near-tie (gap {r['parting_gap']:.3f})"))
+        click.echo(f"  {r['case']:<22} {verdict:<42} drafted repeat "
                    f"{'equal' if r['drafted_equal'] else 'DIFFERS'} "
                    f"({r['drafted_accepted']} accepted)")
         if not r["equal"]:
             click.echo(f"      suffixd:      {r['suffixd'][:100]!r} [{r['suffixd_json']}]")
             click.echo(f"      llama-server: {r['llama_server'][:100]!r} "
                        f"[{r['llama_server_json']}]")
-    click.echo(f"equal: {equal} of {len(rows)}")
+    click.echo(f"equal: {equal} of {len(rows)}; parted at a near-tie of llama.cpp's own "
+               f"logits (under {NEAR_TIE_GAP}): {ties}")
+
+
+def _parting_gap(verifier: Any, pieces: list[bytes], prompt: list[int], theirs: list[int],
+                 ours: bytes) -> float:
+    """Where suffixd's text ``ours`` leaves llama-server's tokens ``theirs``: the smallest
+    gap, in the target's own logits (a fresh evaluation of the same context), between
+    llama-server's token and a token that writes suffixd's text past the point where the
+    two agree. suffixd's token ids are not in the answer, so every position whose rivals
+    reach past the agreement is looked at (tokens rarely span more than a few of them):
+    where suffixd left, the gap is at most the one reported."""
+    theirs_text = b"".join(pieces[t] for t in theirs)
+    agree = next((i for i, (a, b) in enumerate(zip(ours, theirs_text, strict=False))
+                  if a != b), min(len(ours), len(theirs_text)))
+    best = float("inf")
+    done = b""
+    for k, tok in enumerate(theirs):
+        if len(done) > agree:
+            break
+        rest = ours[len(done):]
+        here = not rest.startswith(pieces[tok])  # the texts part inside this token
+        # a rival writes suffixd's text; before the token where the texts part, only a
+        # longer one that reaches past the agreement can be where suffixd left
+        rivals = [t for t, p in enumerate(pieces) if t != tok and p and rest.startswith(p)
+                  and (here or len(done) + len(p) > agree)]
+        if rivals:
+            row = verifier.next_logits(list(prompt) + list(theirs[:k]))
+            rival = max(rivals, key=lambda t: float(row[t]))
+            gap = float(row[tok] - row[rival])
+            best = gap if abs(gap) < abs(best) else best
+        if here:
+            break
+        done += pieces[tok]
+    return best
 
 
 def _json_state(text: str, schema: dict[str, Any] | None) -> str:
