@@ -15,6 +15,7 @@ from suffixd.daemon.generation.step_batch import (
     PAD_ROW_WEIGHT,
     PROMPT_RESERVE,
     Interrupted,
+    SharedStepPrices,
     StepBatcher,
     StepRows,
     joint_lengths,
@@ -115,6 +116,13 @@ def test_no_decoding_sequence_waits_past_one_step(spec, n_batch, rate) -> None:
         assert any(r.prompt and r.kept >= 1 for r in plan)
 
 
+def _plain_rate(reqs: list[StepRows], cost) -> float:
+    """The plain plan's tokens per cost: one row per estimated draft, whole drafts as
+    their rows (what joint_lengths raises its rate to)."""
+    kept = [1 if r.probs is not None else r.kept for r in reqs]
+    return sum(kept) / step_cost(cost, padded_rows(reqs, kept), kept)
+
+
 def _value(reqs: list[StepRows], kept: list[int], cost, rate: float) -> float:
     expected = len(reqs) + sum(sum(r.probs[: k - 1]) for r, k in zip(reqs, kept, strict=True))
     return expected - rate * step_cost(cost, padded_rows(reqs, kept), kept)
@@ -133,6 +141,7 @@ def _joint_lengths_reference(reqs: list[StepRows], cost, rate: float) -> list[in
             low = min(low, float(p))
             cands.append((-low, j, i))
     cands.sort()
+    rate = max(rate, _plain_rate(reqs, cost))
 
     def value(expected: float) -> float:
         return expected - rate * step_cost(cost, padded_rows(reqs, kept), kept)
@@ -179,6 +188,7 @@ def test_joint_lengths_are_optimal_with_a_linear_cost_and_no_padding(drafts, rat
     for r in reqs:
         r.kept = len(r.tokens)
     got = joint_lengths(reqs, linear, rate)
+    rate = max(rate, _plain_rate(reqs, linear))  # the plan's floor: the plain plan's rate
     best = max(_value(reqs, list(k), linear, rate)
                for k in itertools.product(*[range(1, len(r.tokens) + 1) for r in reqs]))
     assert _value(reqs, got, linear, rate) >= best - 1e-9
@@ -192,10 +202,58 @@ def test_joint_lengths_never_do_worse_than_whole_drafts_or_none(drafts, rate) ->
     for r in reqs:
         r.kept = len(r.tokens)
     got = joint_lengths(reqs, cpu_like, rate)
+    rate = max(rate, _plain_rate(reqs, cpu_like))
     assert all(1 <= k <= len(r.tokens) for r, k in zip(reqs, got, strict=True))
     v = _value(reqs, got, cpu_like, rate)
     assert v >= _value(reqs, [len(r.tokens) for r in reqs], cpu_like, rate) - 1e-9
     assert v >= _value(reqs, [1] * len(reqs), cpu_like, rate) - 1e-9
+
+
+def _tokens_per_cost(reqs: list[StepRows], kept: list[int], cost, shape=None) -> float:
+    expected = sum(1.0 + (sum(r.probs[: k - 1]) if r.probs is not None else k - 1)
+                   for r, k in zip(reqs, kept, strict=True))
+    rows = padded_rows(reqs, kept)
+    price = step_cost(cost, rows, kept) * (shape(len(reqs), max(rows)) if shape else 1.0)
+    return expected / price
+
+
+def _shape_oracle(penalty: float):
+    """A cost oracle of shared steps: each row past the first of a sequence costs
+    ``penalty`` more per extra sequence (ubatch splits), as measured shapes would say."""
+    def shape(sequences: int, rows: int) -> float:
+        return 1.0 + penalty * (sequences - 1) * (rows - 1) / max(rows, 1)
+    return shape
+
+
+@settings(max_examples=500, deadline=None)
+@given(joint_requests, st.floats(0.01, 8.0), st.sampled_from([linear, cpu_like]),
+       st.one_of(st.none(), st.floats(0.0, 2.0).map(_shape_oracle)))
+def test_the_chosen_plan_never_costs_more_per_token_than_the_plain_plan(
+        spec, rate, cost, shape) -> None:
+    """With an exact cost oracle (the planner prices steps with the very cost the step
+    then has), whatever the achieved rate says, the plan's expected tokens per unit of
+    cost are at least the plain plan's (one row per sequence, whole drafts as they are)."""
+    reqs = []
+    for seq, draft, room, kept, whole in spec:
+        r = _decode(seq, draft, room=room)
+        r.kept = min(len(r.tokens), kept)
+        if whole:
+            r.probs = None
+        reqs.append(r)
+    got = joint_lengths(reqs, cost, rate, shape)
+    plain = [1 if r.probs is not None else r.kept for r in reqs]
+    assert _tokens_per_cost(reqs, got, cost, shape) >= \
+        _tokens_per_cost(reqs, plain, cost, shape) * (1 - 1e-9)
+
+
+def test_shared_step_prices_follow_the_measured_shapes() -> None:
+    prices = SharedStepPrices()
+    assert prices.factor(8, 4) == 1.0  # nothing seen: the profile as it is
+    for _ in range(10):
+        prices.observe(8, 1, modelled=8.0, seconds=0.08)  # 10 ms a unit
+        prices.observe(8, 4, modelled=20.0, seconds=0.40)  # 20 ms a unit: dearer
+    assert prices.factor(8, 4) > 1.2 > 1.0 > prices.factor(8, 1)
+    assert prices.factor(2, 3) == 1.0  # a shape not seen
 
 
 def test_a_sure_draft_is_kept_and_a_hopeless_one_cut() -> None:

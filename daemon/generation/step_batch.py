@@ -21,6 +21,9 @@ Planning a step (pure, unit-tested):
   ``rate`` is the tokens per unit of cost the batcher achieves (Dinkelbach, as the
   drafter does for one sequence; the step's cost depends on the whole batch, so the
   lengths are chosen together over the candidates of every sequence, best first).
+* Against the plain plan: a plan with drafts is taken only where it yields at least the
+  plain plan's expected tokens per unit of cost (``joint_lengths``), and shared steps
+  are priced by what steps of their shape cost while serving (``SharedStepPrices``).
 * Equal rows per sequence: with a KV stream per sequence, llama.cpp splits a batch into
   ubatches holding the same number of rows of consecutive sequence ids; unequal drafts
   would cost one ubatch each. Rows are padded (no logits, rolled back with the rejected
@@ -182,10 +185,21 @@ def padded_rows(reqs: Sequence[StepRows], kept: Sequence[int]) -> list[int]:
 
 
 def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
-                  rate: float) -> list[int]:
+                  rate: float, shape: Callable[[int, int], float] | None = None) -> list[int]:
     """Rows kept per decoding request (1 + draft tokens, at most its ``kept``), chosen
     together: the prefix of all candidates, most probable first, that maximises
     expected tokens - rate * cost.
+
+    The plan is chosen against the plain plan (one row per sequence, no draft): ``rate``
+    is raised to at least the plain plan's own tokens per cost, so that any plan taken
+    instead yields at least as many expected tokens per unit of cost (taking x over the
+    plain plan 0 means E(x) - E(0) >= rate * (C(x) - C(0)) >= E(0)/C(0) * (C(x) - C(0)),
+    that is E(x)/C(x) >= E(0)/C(0)). With a low achieved ``rate`` (drafts that did not pay
+    lately) the bare objective took drafts that cost more per token than plain batching.
+
+    ``shape(sequences, rows)``: what a step of that many sequences, each up to ``rows``
+    rows, costs relative to what ``cost`` says (``SharedStepPrices.factor``: measured
+    while serving), or None.
 
     The step's rows are kept up to date per candidate (each run's longest kept and its
     padded rows) instead of padding every sequence again: O(candidates + sequences x
@@ -215,13 +229,26 @@ def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
 
     outputs = sum(kept)
     total = sum(rows_of(i) for i in range(len(reqs)))
+    n_seqs = len(reqs)
+
+    def step_price() -> float:
+        base = _cost_of(cost, total, outputs)
+        return base * shape(n_seqs, max(longest)) if shape is not None else base
+
+    # the drafts kept whole add a constant to the expected tokens: left out, except in
+    # the plain plan's own rate, where they count as the rows they are
+    expected = float(len(reqs))
+    plain_tokens = sum(1.0 if r.probs is not None else float(k) for r, k in zip(
+        reqs, kept, strict=True))
+    plain_cost = step_price()
+    if plain_cost > 0:
+        rate = max(rate, plain_tokens / plain_cost)
 
     def value(expected: float) -> float:
-        return expected - rate * _cost_of(cost, total, outputs)
+        return expected - rate * step_price()
 
     start = list(kept)
     taken: list[int] = []  # the candidates added, in order (their sequences)
-    expected = float(len(reqs))  # the drafts kept whole add a constant: left out
     best, best_n = value(expected), 0
     for neg_p, j, i in cands:
         if kept[i] != j + 1:  # a draft is a path: its tokens come in order
@@ -248,7 +275,8 @@ def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
 
 
 def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], float],
-              rate: float, pad_to: Callable[[int, int], int] | None = None) -> list[StepRows]:
+              rate: float, pad_to: Callable[[int, int], int] | None = None,
+              shape: Callable[[int, int], float] | None = None) -> list[StepRows]:
     """Choose this step's requests and set their ``kept``, ``rows`` and ``offset``; the
     rest wait for the next step. Never empty when ``pending`` is not."""
     decodes = [r for r in pending if not r.prompt]
@@ -263,7 +291,7 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
         r.kept = 1 + min(draft, max(0, budget - used))
         used += r.kept - 1
     if len(chosen) > 1:
-        for r, k in zip(chosen, joint_lengths(chosen, cost, rate), strict=True):
+        for r, k in zip(chosen, joint_lengths(chosen, cost, rate, shape), strict=True):
             r.kept = min(r.kept, k)
     else:
         for r in chosen:  # a step of its own: as its drafter chose
@@ -301,6 +329,57 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
         r.shared = len(chosen)
         offset += r.rows
     return chosen
+
+
+class SharedStepPrices:
+    """What shared steps cost, measured while serving, against what the profile says.
+
+    The profile prices a step by its rows (measured on one sequence); a step of several
+    sequences also pays for how llama.cpp splits it (a KV stream per sequence: ubatches of
+    equal rows of consecutive ids), and that differs by shape. Each decode-only step's
+    seconds per profile unit are kept per shape (sequences, rows of the longest), as a
+    moving average; ``factor(sequences, rows)`` is that shape's figure over the average
+    of all shapes seen (1.0 until the shape has been seen ``MIN_SEEN`` times), so that
+    the plan compares the shapes it chooses between at what they cost here."""
+
+    MIN_SEEN = 3
+    ALPHA = 0.1
+    MAX_ROWS_KEY = 64
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_shape: dict[tuple[int, int], tuple[float, int]] = {}  # s/unit, count
+        self._overall = 0.0
+        self._seen = 0
+
+    @classmethod
+    def key(cls, sequences: int, rows: int) -> tuple[int, int]:
+        return sequences, min(rows, cls.MAX_ROWS_KEY)
+
+    def observe(self, sequences: int, rows: int, modelled: float, seconds: float) -> None:
+        if modelled <= 0 or seconds <= 0:
+            return
+        per_unit = seconds / modelled
+        with self._lock:
+            k = self.key(sequences, rows)
+            old, n = self._by_shape.get(k, (per_unit, 0))
+            self._by_shape[k] = (old + self.ALPHA * (per_unit - old) if n else per_unit, n + 1)
+            self._overall = per_unit if not self._seen else \
+                self._overall + self.ALPHA * 0.5 * (per_unit - self._overall)
+            self._seen += 1
+
+    def factor(self, sequences: int, rows: int) -> float:
+        with self._lock:
+            got = self._by_shape.get(self.key(sequences, rows))
+            if got is None or got[1] < self.MIN_SEEN or self._overall <= 0:
+                return 1.0
+            return got[0] / self._overall
+
+    def as_dict(self) -> dict[str, float]:
+        with self._lock:
+            return {f"{k[0]}x{k[1]}": round(v / self._overall, 3)
+                    for k, (v, n) in sorted(self._by_shape.items())
+                    if n >= self.MIN_SEEN and self._overall > 0}
 
 
 class Interrupted(Exception):
@@ -353,6 +432,7 @@ class StepBatcher:
         self._rate_tokens = RATE_PRIOR
         self._rate_cost = RATE_PRIOR
         self.counters = BatchCounters()
+        self.prices = SharedStepPrices()
 
     @property
     def rate(self) -> float:
@@ -477,7 +557,8 @@ class StepBatcher:
 
     def _lead(self) -> None:
         """Plan and run one step (called with the condition held; released meanwhile)."""
-        batch = plan_step(self._pending, self.n_batch, self._cost, self.rate, self._pad_to)
+        batch = plan_step(self._pending, self.n_batch, self._cost, self.rate, self._pad_to,
+                          self.prices.factor)
         taken = {id(r) for r in batch}
         self._pending = [r for r in self._pending if id(r) not in taken]
         self._busy = True
@@ -514,9 +595,12 @@ class StepBatcher:
         c.max_sequences = max(c.max_sequences, len(batch))
         c.by_sequences[len(batch)] = c.by_sequences.get(len(batch), 0) + 1
         if decodes:
+            modelled = step_cost(self._cost, [r.rows for r in decodes],
+                                 [r.kept for r in decodes])
             self._rate_tokens *= RATE_DECAY
-            self._rate_cost = self._rate_cost * RATE_DECAY + step_cost(
-                self._cost, [r.rows for r in decodes], [r.kept for r in decodes])
+            self._rate_cost = self._rate_cost * RATE_DECAY + modelled
+            if error is None and len(decodes) == len(batch):  # prompt rows would skew it
+                self.prices.observe(len(decodes), max(r.rows for r in decodes), modelled, dt)
         for r in batch:
             r.step_s = dt
             r.error = error

@@ -323,6 +323,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         queueing before their first step, and the cost measurement's progress and the
         load it ran under."""
         return {**self._steps.counters.as_dict(), "rate": round(self._steps.rate, 3),
+                "shape_prices": self._steps.prices.as_dict(),
                 "measurement": {"batches": self.measured_batches, **self.cost_load}}
 
     def _relative_cost(self, n: int) -> float:
