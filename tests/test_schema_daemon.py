@@ -6,7 +6,8 @@ recursive schema refused), and a property test over generated schemas: every ans
 and the daemon is alive afterwards.
 
 ``SUFFIXD_SCHEMA_EXAMPLES`` sets the property test's example count (CI: a modest one;
-the bench run in BENCHMARKS.md: thousands).
+the bench run in BENCHMARKS.md: thousands) and ``SUFFIXD_SCHEMA_MAX_TOKENS`` each answer's
+length.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tests.schema_strategies import schemas
 EXAMPLES = int(os.environ.get("SUFFIXD_SCHEMA_EXAMPLES", "12"))
 ANSWER_BOUND_S = 120.0  # a whole answer of MAX_TOKENS on a loaded 2-core CI machine
 REFUSAL_BOUND_S = 5.0  # a refusal is milliseconds; this leaves room for a loaded machine
-MAX_TOKENS = 24
+MAX_TOKENS = int(os.environ.get("SUFFIXD_SCHEMA_MAX_TOKENS", "24"))
 
 
 @pytest.fixture(scope="module")
