@@ -572,7 +572,8 @@ def check_output(text: str, schema: Any, what: str) -> None:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise HttpFailure("output not JSON", f"{what}: {exc}: {text[:200]!r}") from None
+        raise HttpFailure("output not JSON", f"{what}: {exc}: {text[:200]!r}; schema "
+                          f"{json.dumps(schema)[:300]}") from None
     try:
         jsonschema.validate(value, schema)
     except jsonschema.ValidationError as exc:
