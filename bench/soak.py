@@ -66,9 +66,10 @@ the replication lag and the load average of the machine. Exits 1 when anything f
 Not part of CI (minutes of two cores):
 
     python bench/soak.py [--minutes 10] [--clients 12] [--http-clients 4] [--no-fleet]
-                         [--no-generate] [--schema-share 0.15] [--events-every 120]
-                         [--sigterm-share 0.5] [--early-share 0.3] [--rss-budget-mib 1536]
-                         [--seed 0] [--json out.json]
+                         [--no-generate] [--schema-share 0.15] [--schema-in both]
+                         [--refusal-bound 5] [--events-every 120]
+                         [--sigterm-share 0.5] [--early-share 0.3] [--early-window 4]
+                         [--rss-budget-mib 1536] [--seed 0] [--data-dir DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -529,11 +530,14 @@ class Worker(threading.Thread):
 
 
 class HttpFailure(Exception):
-    """A reply that is not what a valid request gets (the status is the tally's key)."""
+    """A reply that is not what a valid request gets (the status is the tally's key).
+    ``definite``: a whole answer that breaks its promise (output that is not JSON or breaks
+    its schema), a failure even when a stop of the node overlapped the request."""
 
-    def __init__(self, status: str, detail: str) -> None:
+    def __init__(self, status: str, detail: str, definite: bool = False) -> None:
         super().__init__(detail)
         self.status = status
+        self.definite = definite
 
 
 @dataclass
@@ -573,19 +577,20 @@ def check_output(text: str, schema: Any, what: str) -> None:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise HttpFailure("output not JSON", f"{what}: {exc}: {text[:200]!r}; schema "
-                          f"{json.dumps(schema)[:300]}") from None
+                          f"{json.dumps(schema)[:300]}", definite=True) from None
     try:
         jsonschema.validate(value, schema)
     except jsonschema.ValidationError as exc:
         raise HttpFailure("output breaks the schema", f"{what}: {exc.message[:200]}; "
-                          f"output {text[:200]!r}; schema {json.dumps(schema)[:300]}") from None
+                          f"output {text[:200]!r}; schema {json.dumps(schema)[:300]}",
+                          definite=True) from None
     except jsonschema.SchemaError as exc:
         raise HttpFailure("200 for an invalid schema", f"{what}: {exc.message[:200]}; "
-                          f"schema {json.dumps(schema)[:300]}") from None
+                          f"schema {json.dumps(schema)[:300]}", definite=True) from None
     except Exception as exc:  # an unresolvable $ref, ...: the schema should have been a 400
         raise HttpFailure("200 for a schema jsonschema cannot use",
-                          f"{what}: {exc!r}"[:300] + f"; schema {json.dumps(schema)[:300]}"
-                          ) from None
+                          f"{what}: {exc!r}"[:300] + f"; schema {json.dumps(schema)[:300]}",
+                          definite=True) from None
 
 
 class HttpWorker(threading.Thread):
@@ -633,7 +638,7 @@ class HttpWorker(threading.Thread):
         """Run one request. ``want``: the documented status of a bad request. ``fn``
         returning REFUSED: a 400 the request was allowed to get (counted as refused)."""
         t0 = time.perf_counter()
-        mark = node.mark()
+        mark: tuple[int, bool] | None = node.mark()
         bad = want is not None
         status, detail = "OK", ""
         try:
@@ -646,6 +651,8 @@ class HttpWorker(threading.Thread):
                 what, status, bad = f"{what} refused", "400", True
         except HttpFailure as exc:
             status, bad, detail = exc.status, False, f"HTTP {what} on {node.name}: {exc}"
+            if exc.definite:
+                mark = None  # no stop excuses it
         except httpx.TimeoutException as exc:
             status, bad = "timeout", False
             detail = f"HTTP {what} on {node.name}: timeout {exc!r}"
@@ -771,7 +778,8 @@ class HttpWorker(threading.Thread):
         not) or as a required tool's parameters: a 200 whose finished output is valid
         against it, or a 400 in milliseconds (bounded by --refusal-bound)."""
         node, rng, schema = self.node(), self.rng, self.schemas.draw()
-        where = rng.choice(["response_format", "tools"])
+        where = rng.choice(["response_format", "tools"] if self.args.schema_in == "both"
+                           else [self.args.schema_in])
         body: dict[str, Any] = {
             # A call's wrapper (the generic format's {"tool_call": {"name": ...,
             # "arguments": ...}}) takes ~15 tokens before its arguments: without more,
@@ -822,10 +830,10 @@ class HttpWorker(threading.Thread):
                 calls = message.get("tool_calls") or []
                 if where == "tools" and finish in ("stop", "tool_calls") and not calls:
                     raise HttpFailure("no call where one is required",
-                                      f"{what}: {json.dumps(message)[:300]}")
+                                      f"{what}: {json.dumps(message)[:300]}", definite=True)
                 if any(c["function"]["name"] != "f" for c in calls):
                     raise HttpFailure("call of an unknown function",
-                                      f"{what}: {json.dumps(calls)[:300]}")
+                                      f"{what}: {json.dumps(calls)[:300]}", definite=True)
                 texts = ([c["function"]["arguments"] for c in calls] if where == "tools"
                          else [message.get("content") or ""])
             if finish not in ("stop", "tool_calls"):
@@ -1282,6 +1290,9 @@ def main() -> None:
     ap.add_argument("--schema-share", type=float, default=0.15,
                     help="Share of the OpenAI-front requests that carry a schema from the "
                     "property test's generator (0: none).")
+    ap.add_argument("--schema-in", choices=["both", "response_format", "tools"],
+                    default="both", help="Where those schemas go: a response_format "
+                    "json_schema, a required tool's parameters, or either.")
     ap.add_argument("--refusal-bound", type=float, default=5.0,
                     help="Seconds a 400 for a generated schema may take (refusals are "
                     "milliseconds; this leaves room for a loaded machine).")
