@@ -1079,6 +1079,25 @@ def check_probes(node: Node, probes: list[list[int]]) -> dict[str, Any]:
             "probes_checked": len(probes), "probes_missing": missing}
 
 
+def serving(node: Node, timeout: float = 300.0) -> None:
+    """A restarted node ready: its model loaded (a first generation) and its /health 200.
+    Not its costs measured: a profile stored as measured under load is measured again in
+    the gaps between requests, which a soak under full load may never leave."""
+    c = Client(node.target, timeout=timeout)
+    try:
+        list(c.generate(None, prompt="Hello", max_tokens=2))
+    finally:
+        c.close()
+    deadline = time.monotonic() + timeout
+    while True:
+        r = httpx.get(node.http.removesuffix("/v1") + "/health", timeout=30)
+        if r.status_code == 200:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"/health of {node.name} still {r.status_code}: {r.text[:200]}")
+        time.sleep(0.2)
+
+
 def warm(node: Node) -> None:
     """The verifier loaded and its costs measured (or read back): a node is ready for the
     HTTP /health (and a measurement beside the soak's first minutes would distort it)."""
@@ -1225,7 +1244,7 @@ class Chaos(threading.Thread):
         ev["restart_s"] = round(time.monotonic() - t, 2)
         try:
             ev.update(check_lost(node.target, acked, lambda: self.book.excused(node.name)))
-            warm(node)
+            serving(node)
             node.ready = True
             ev["ready_s"] = round(time.monotonic() - t, 2)
             ev.update(check_probes(node, probes))
@@ -1407,7 +1426,9 @@ def soak(args: argparse.Namespace, nodes: list[Node], threads: int) -> dict[str,
     # The schedule ends before the final kill, and an event under way finishes (its node
     # restarted and checked) first.
     chaos.stop_event.set()
-    chaos.join()
+    chaos.join(timeout=1800)  # a restart's checks are bounded (rebuild 600 s, model 300 s)
+    if chaos.is_alive():
+        chaos.failures.append("the stop/kill thread did not finish its last restart")
     load_end = os.getloadavg()
     for n in nodes:
         if n.up:
