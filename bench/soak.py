@@ -1419,6 +1419,7 @@ def soak(args: argparse.Namespace, nodes: list[Node], threads: int) -> dict[str,
         print(f"{rss[-1][0]:>5} s  " + "  ".join(
             f"{n.name}: RSS {m} MiB (peak {n.peak_mib:.0f}), global "
             f"{trees[n.name][-1][1] / 1e3:.0f}k tokens, {trees[n.name][-1][3]} open sessions"
+            if m else f"{n.name}: down (restarting)"
             for n, m in zip(nodes, rss[-1][1:], strict=True))
             + f"  served {sum(tally.ok.values()):,}  unexpected "
             f"{sum(tally.unexpected.values())}  stops {len(chaos.events)}{lag}  "
