@@ -83,9 +83,16 @@ def dash_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     proc.stop()
 
 
-def _traffic(c: Any) -> None:
+def _traffic(c: Any) -> dict[str, list[int]]:
     """Generations over HTTP and gRPC and an external verifier's appends, in "sql" and
-    "ops"."""
+    "ops"; per namespace, the prompt tokens the generations reported and how many of them
+    were reused (usage.prompt_tokens_details.cached_tokens, totals.cached_prompt_tokens)."""
+    prompts: dict[str, list[int]] = {"sql": [0, 0], "ops": [0, 0]}
+
+    def count(ns: str, usage: dict[str, Any]) -> None:
+        prompts[ns][0] += usage["prompt_tokens"]
+        prompts[ns][1] += usage["prompt_tokens_details"]["cached_tokens"]
+
     http = httpx.Client(base_url=c.base, timeout=300)
     msgs: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
     for q in QUESTIONS:  # one conversation: each turn reuses the last one's prompt
@@ -93,6 +100,7 @@ def _traffic(c: Any) -> None:
         r = http.post("/v1/chat/completions", headers={"X-Suffixd-Namespace": "sql"},
                       json={"messages": msgs, "max_tokens": 20, "temperature": 0})
         assert r.status_code == 200, r.text
+        count("sql", r.json()["usage"])
         msgs.append({"role": "assistant", "content": r.json()["choices"][0]["message"]
                      ["content"]})
         time.sleep(1.2)  # a sample between turns: several buckets on the charts
@@ -101,11 +109,15 @@ def _traffic(c: Any) -> None:
         r = http.post("/v1/completions", headers={"X-Suffixd-Namespace": "ops"},
                       json={"prompt": prompt, "max_tokens": 24, "temperature": 0})
         assert r.status_code == 200, r.text
+        count("ops", r.json()["usage"])
         time.sleep(1.2)
-    text = "".join(ch.text for ch in c.generate(
-        "g-ops", namespace="ops", messages=[{"role": "user", "content": "Write SQL."}],
-        max_tokens=12))
-    assert text
+    chunks = list(c.generate("g-ops", namespace="ops",
+                             messages=[{"role": "user", "content": "Write SQL."}],
+                             max_tokens=12))
+    assert "".join(ch.text for ch in chunks)
+    totals = chunks[-1].totals
+    prompts["ops"][0] += int(totals.get("prompt_tokens", 0))
+    prompts["ops"][1] += int(totals.get("cached_prompt_tokens", 0))
     # an external verifier: appends, drafts and judged steps, no model
     for ns in ("sql", "ops"):
         sid = f"ext-{ns}"
@@ -116,6 +128,7 @@ def _traffic(c: Any) -> None:
             c.speculate(ns, sid, max_tokens=8)
             c.step(ns, sid, reply, final=True)
     http.close()
+    return prompts
 
 
 def _stats(c: Any) -> dict[str, Any]:
@@ -144,17 +157,25 @@ for (const svg of q('svg.chart')) {
 const small = q('svg.chart text').map((t) => t.getBoundingClientRect().height)
   .filter((h) => h > 0);
 return {tiles, texts, legend, charts, scope: document.querySelector('.scope').textContent,
-        minText: Math.min(...small), overflow: document.documentElement.scrollWidth
+        minText: Math.min(...small), viewport: [window.innerWidth, window.innerHeight],
+        overflow: document.documentElement.scrollWidth
         - window.innerWidth, origins: performance.getEntriesByType('resource')
         .map((e) => new URL(e.name).origin)};
 """
 
 
+def _viewport(drv: Any, width: int, height: int) -> None:
+    """The page's viewport exactly (a window's size would include the browser's own
+    bars); a phone's is a mobile one."""
+    drv.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+        "width": width, "height": height, "deviceScaleFactor": 1, "mobile": width < 600})
+
+
 def _open(drv: Any, url: str, width: int, height: int) -> dict[str, Any]:
-    drv.set_window_size(width, height)
+    _viewport(drv, width, height)
     drv.get(url)
-    # the browser's window includes no chrome in headless mode: the viewport is the size
     page: dict[str, Any] = drv.execute_script(READ)
+    assert page["viewport"] == [width, height], page["viewport"]
     return page
 
 
@@ -215,22 +236,25 @@ def _sum_namespaces(st: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _shot(drv: Any, out: Path, name: str, width: int, height: int, full: bool) -> Path:
-    drv.set_window_size(width, height)
+def _shot(drv: Any, out: Path, name: str, width: int, height: int, full: bool = False,
+          scroll_to: str = "") -> Path:
+    _viewport(drv, width, height)
+    if scroll_to:
+        drv.execute_script(f"document.querySelector({scroll_to!r}).scrollIntoView()")
     if full:  # the whole page in one picture (for the README)
         h = drv.execute_script("return document.documentElement.scrollHeight")
-        drv.set_window_size(width, int(h))
-        time.sleep(0.3)
+        _viewport(drv, width, int(h))
+    time.sleep(0.3)
     path = out / name
     assert drv.save_screenshot(str(path)), path
-    drv.set_window_size(width, height)
+    _viewport(drv, width, height)
     return path
 
 
 def test_the_dashboard_shows_what_suffixd_stats_reports(dash_daemon: Any, browser: Any,
                                                          tmp_path: Path) -> None:
     c = dash_daemon
-    _traffic(c)
+    prompts = _traffic(c)
     time.sleep(2.5)  # two samples past the last request
     st = _stats(c)
     by_ns = {e["namespace"]: e for e in st["namespaces"]}
@@ -246,6 +270,10 @@ def test_the_dashboard_shows_what_suffixd_stats_reports(dash_daemon: Any, browse
         for tree in ("global", "corpus", "sessions"):
             assert page["legend"][f"memory.{tree}"] == by_ns[ns]["cache"][tree]["tokens"]
         assert page["overflow"] <= 0, "wider than the window"
+        # the prompt tokens the generations reported (stats has no such figure)
+        assert page["tiles"]["reused_prompt_tokens"] == prompts[ns][1]
+        assert page["legend"]["evaluated_prompt_tokens"] == prompts[ns][0] - prompts[ns][1]
+        assert sum(page["charts"]["prompt"]["series"]["reused"]) == prompts[ns][1]
 
     # the whole daemon: the namespaces summed, and the verifier's prompt cache
     page = _open(browser, f"{c.base}/dashboard", 1280, 800)
@@ -256,9 +284,9 @@ def test_the_dashboard_shows_what_suffixd_stats_reports(dash_daemon: Any, browse
     for m in st["memory"]:
         tree = "sessions" if m["kind"] == "session" else m["kind"]
         assert page["legend"][f"memory.{tree}"] == m["tokens"]
-    # the three chat turns each started from the conversation before them
+    # the chat's later turns each started from the conversation before them
+    assert prompts["sql"][1] > 0
     sql = _open(browser, f"{c.base}/dashboard?ns=sql", 1280, 800)
-    assert sql["tiles"]["reused_prompt_tokens"] > 0
     # nothing from anywhere but the daemon: no CDN, no font, no network
     assert set(page["origins"]) <= {c.base}, page["origins"]
     assert page["minText"] >= 9, f"chart text {page['minText']:.1f} px high"
@@ -267,9 +295,10 @@ def test_the_dashboard_shows_what_suffixd_stats_reports(dash_daemon: Any, browse
 
     shots = Path(os.environ.get("SUFFIXD_DASHBOARD_SHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
+    _viewport(browser, 1280, 800)
     browser.get(f"{c.base}/dashboard?ns=sql")
     wide = _shot(browser, shots, "dashboard.png", 1280, 800, full=True)
-    wide_view = _shot(browser, shots, "dashboard-1280x800.png", 1280, 800, full=False)
+    wide_view = _shot(browser, shots, "dashboard-1280x800.png", 1280, 800)
 
     # a phone: one column, nothing wider than the screen, text still readable
     phone = _open(browser, f"{c.base}/dashboard?ns=sql", 390, 844)
@@ -280,13 +309,15 @@ def test_the_dashboard_shows_what_suffixd_stats_reports(dash_daemon: Any, browse
         "return getComputedStyle(document.querySelector('.grid'))"
         ".gridTemplateColumns.split(' ').length")
     assert cols == 1, cols
-    phone_shot = _shot(browser, shots, "dashboard-phone.png", 390, 844, full=False)
-    for p in (wide, wide_view, phone_shot):
+    phone_shot = _shot(browser, shots, "dashboard-phone.png", 390, 844)
+    phone_charts = _shot(browser, shots, "dashboard-phone-charts.png", 390, 844,
+                         scroll_to="section.card")
+    for p in (wide, wide_view, phone_shot, phone_charts):
         assert p.stat().st_size > 10_000, p
 
     # it refreshes itself: a new generation shows up without a reload
     before = sql["tiles"]["requests"]
-    browser.set_window_size(1280, 800)
+    _viewport(browser, 1280, 800)
     browser.get(f"{c.base}/dashboard?ns=sql")
     r = httpx.post(f"{c.base}/v1/completions", headers={"X-Suffixd-Namespace": "sql"},
                    json={"prompt": "SELECT", "max_tokens": 4}, timeout=300)

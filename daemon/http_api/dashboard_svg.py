@@ -124,9 +124,11 @@ def chart(kind: str, times: Sequence[float], width_s: float, series: Sequence[Se
     xt, tfmt = x_ticks(t0, t1)
     for t in xt:
         xx = x(t)
+        # a label at either end of the axis would be cut in half by the edge
+        anchor = "end" if xx > W - RIGHT - 24 else "start" if xx < LEFT + 8 else "middle"
         out.append(f'<line class="tick" x1="{xx:.1f}" x2="{xx:.1f}" y1="{TOP + PH}" '
                    f'y2="{TOP + PH + 3}"/><text x="{xx:.1f}" y="{H - 6}" '
-                   f'text-anchor="middle">{_hm(t, tfmt)}</text>')
+                   f'text-anchor="{anchor}">{_hm(t, tfmt)}</text>')
     out.append("</g>")
     if not vals or not any(vals) and not refs:
         out.append(f'<text class="empty" x="{LEFT + PW / 2}" y="{TOP + PH / 2}" '
@@ -166,20 +168,26 @@ def chart(kind: str, times: Sequence[float], width_s: float, series: Sequence[Se
 
 def _line(s: Series, times: Sequence[float], width_s: float, x: Callable[[float], float],
           y: Callable[[float], float], fmt: Fmt) -> str:
-    path: list[str] = []
+    """A solid line through consecutive buckets, a faint dashed one across buckets where
+    nothing was measured (no step, so no rate: not a zero), a marker per measurement."""
+    solid: list[str] = []
+    gaps: list[str] = []
     marks: list[str] = []
-    pen_up = True
-    for t, v in zip(times, s.values, strict=True):
+    last: tuple[int, float, float] | None = None
+    for i, (t, v) in enumerate(zip(times, s.values, strict=True)):
         if v is None:
-            pen_up = True
             continue
         xx, yy = x(t + width_s / 2), y(v)
-        path.append(f'{"M" if pen_up else "L"}{xx:.1f} {yy:.1f}')
-        pen_up = False
+        if last is not None:
+            seg = f"M{last[1]:.1f} {last[2]:.1f}L{xx:.1f} {yy:.1f}"
+            (solid if last[0] == i - 1 else gaps).append(seg)
+        last = (i, xx, yy)
         marks.append(f'<circle cx="{xx:.1f}" cy="{yy:.1f}" r="2.2" data-v="{v!r}"><title>'
                      f'{_hm(t)} {escape(s.name)}: {escape(fmt(v))}</title></circle>')
-    return (f'<g class="line c-{s.cls}" data-series="{escape(s.name)}">'
-            f'<path d="{" ".join(path)}"/>{"".join(marks)}</g>')
+    paths = (f'<path class="gap" d="{"".join(gaps)}"/>' if gaps else "") + (
+        f'<path d="{"".join(solid)}"/>' if solid else "")
+    return (f'<g class="line c-{s.cls}" data-series="{escape(s.name)}">{paths}'
+            f'{"".join(marks)}</g>')
 
 
 # ------------------------------------------------------------------------ formats
