@@ -6,7 +6,8 @@ selenium) and its figures and charts compared with what ``suffixd stats --json``
 Screenshots go to ``$SUFFIXD_DASHBOARD_SHOTS`` when set (that is how docs/dashboard.png
 and docs/dashboard-phone.png were made), else into the test's temporary folder.
 
-Without Chromium and its driver (installed by .ci/run) the test skips and says why.
+Without Chromium and its driver (installed by .ci/run) the browser test skips and says
+why. The same daemon's /metrics is compared with the Grafana dashboard's queries.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def browser() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def dash_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     # a sample every second: the test's minute of traffic spans many buckets
-    proc = DaemonProcess(tmp_path_factory.mktemp("dash") / "data", ["--http", "127.0.0.1:0"],
+    proc = DaemonProcess(tmp_path_factory.mktemp("dash") / "data",
+                         ["--http", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"],
                          env={"SUFFIXD_HISTORY_INTERVAL_S": "1"}).start()
     client = proc.client()
     client.proc = proc
@@ -337,3 +339,23 @@ def test_the_dashboard_shows_what_suffixd_stats_reports(dash_daemon: Any, browse
     assert ts == sorted(ts) and len(ts) >= 5
     assert h["samples"][-1]["live"] and h["samples"][-1]["namespace"]["requests"] \
         == by_ns["ops"]["requests"]
+
+
+def test_the_grafana_dashboard_queries_what_the_real_daemon_exports(dash_daemon: Any) -> None:
+    """Every metric docs/grafana/suffixd.json queries is in the real daemon's /metrics
+    once it has generated (the verifier's figures appear with the model), but the fleet's,
+    which only a daemon in a fleet exports (tests/test_grafana_dashboard.py checks those
+    against the fleet's collector)."""
+    from tests.test_grafana_dashboard import JSON, queried
+
+    c = dash_daemon
+    r = httpx.post(f"{c.base}/v1/completions", headers={"X-Suffixd-Namespace": "metrics"},
+                   json={"prompt": "SELECT", "max_tokens": 2}, timeout=300)
+    assert r.status_code == 200, r.text
+    addr = (c.proc.data_dir / "metrics.addr").read_text().strip()
+    text = httpx.get(f"http://{addr}/metrics", timeout=30).text
+    exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+                if line and not line.startswith("#")}
+    wanted = {n for n in queried(json.loads(JSON.read_text()))
+              if not n.startswith("suffixd_fleet_")}
+    assert not sorted(wanted - exported), sorted(wanted - exported)
