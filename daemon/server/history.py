@@ -69,6 +69,7 @@ class History:
         self._prompt: dict[str, list[int]] = {}  # ns -> [prompt tokens, reused]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failing = False
 
     # ------------------------------------------------------------------ counting
     def count_generation(self, ns: str, stats: Any) -> None:
@@ -149,8 +150,16 @@ class History:
             self.sample()
             self.save()
         except Exception as exc:  # a sample must never take the daemon down
-            if not self._stop.is_set():
-                log.warning("history sample failed: %s", exc)
+            # A full disk fails every save until space returns: one line when it starts
+            # failing and one when it recovers, not one a minute. The samples stay in
+            # memory meanwhile.
+            if not self._failing and not self._stop.is_set():
+                log.warning("history sample or save failed; retrying: %s", exc)
+            self._failing = True
+            return
+        if self._failing:
+            log.info("history saved again")
+            self._failing = False
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
