@@ -243,3 +243,18 @@ def test_every_range_renders(rng: str) -> None:
     client = TestClient(Starlette(routes=Dashboard(_Engine(), token=None).routes()))
     r = client.get("/dashboard/panel", params={"range": rng})
     assert r.status_code == 200 and "svg" in r.text
+
+
+def test_the_http_front_serves_the_dashboard_behind_its_token() -> None:
+    from suffixd.daemon.http_api.app import OpenAIFront
+
+    front = OpenAIFront(_Engine(), SimpleNamespace(), token="s3cret",  # type: ignore[arg-type]
+                        require_token=True, max_body_bytes=1 << 20)
+    client = TestClient(front.app)
+    assert client.get("/dashboard").status_code == 401
+    assert client.get("/dashboard", auth=("", "s3cret")).status_code == 200
+    assert client.get("/dashboard/history.json",
+                      headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    open_front = OpenAIFront(_Engine(), SimpleNamespace(), token=None,  # type: ignore[arg-type]
+                             require_token=False, max_body_bytes=1 << 20)
+    assert TestClient(open_front.app).get("/dashboard").status_code == 200

@@ -39,12 +39,15 @@ import base64
 import binascii
 import hmac
 import importlib.resources
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from html import escape
+from pathlib import PurePath
 from typing import Any
 from urllib.parse import urlencode
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
@@ -63,7 +66,7 @@ from .dashboard_data import (
 from .dashboard_svg import Ref, Series, chart, count, nbytes, pct, seconds, times_x
 
 REFRESH_S = 5
-RANGES = {"all": 86400.0, "1h": 3600.0, "6h": 6 * 3600.0, "24h": 86400.0}
+RANGES = {"all": math.inf, "1h": 3600.0, "6h": 6 * 3600.0, "24h": 86400.0}
 MIN_SPAN_INTERVALS = 10  # a young history still gets an axis of some length
 STATIC = {"dashboard.css": "text/css; charset=utf-8",
           "dashboard.js": "text/javascript; charset=utf-8",
@@ -134,17 +137,21 @@ class Dashboard:
         return RedirectResponse("/dashboard" + q, status_code=308)
 
     # ------------------------------------------------------------------ routes
+    # The figures are read (engine.stats, under the engine's locks) and drawn on a worker
+    # thread: the event loop also streams generations.
     async def page(self, request: Request) -> Response:
-        view = self._view(request)
-        return Response(render_page(view), media_type="text/html; charset=utf-8")
+        view = await run_in_threadpool(self._view, request)
+        html = await run_in_threadpool(render_page, view)
+        return Response(html, media_type="text/html; charset=utf-8")
 
     async def panel(self, request: Request) -> Response:
-        view = self._view(request)
-        return Response(render_panel(view), media_type="text/html; charset=utf-8")
+        view = await run_in_threadpool(self._view, request)
+        html = await run_in_threadpool(render_panel, view)
+        return Response(html, media_type="text/html; charset=utf-8")
 
     async def history_json(self, request: Request) -> Response:
         ns = request.query_params.get("ns") or None
-        samples, live, interval = self._samples()
+        samples, live, interval = await run_in_threadpool(self._samples)
         every = [*samples, {**live, "live": True}]
         if ns is not None:
             every = [{"t": s["t"], "namespace": pick(s, ns), "memory": s.get("memory"),
@@ -184,7 +191,8 @@ class Dashboard:
         samples, live, interval = self._samples()
         gen = getattr(self.engine, "generator", None)
         model = getattr(self.engine, "model_path", None)
-        return build_view(samples, live, interval, ns, rng, model=str(model or "") or None,
+        return build_view(samples, live, interval, ns, rng,
+                          model=PurePath(str(model)).name if model else None,
                           loaded=getattr(gen, "loaded", None) is not None,
                           kept=getattr(self.engine, "history", None) is not None)
 
@@ -301,7 +309,9 @@ def _history_note(view: View) -> str:
     if not view.kept:
         return "no history kept (now only)"
     every = "a minute" if view.interval == 60 else f"every {view.interval:g} s"
-    return f"{view.samples:,} samples kept, {every}"
+    model = f" · model {view.model}" + ("" if view.loaded else " (not loaded yet)") \
+        if view.model else ""
+    return f"{view.samples:,} samples kept, {every}{model}"
 
 
 def _tiles(view: View, cur: Mapping[str, Any], f: Mapping[str, Any]) -> list[str]:
