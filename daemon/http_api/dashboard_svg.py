@@ -124,11 +124,14 @@ def chart(kind: str, times: Sequence[float], width_s: float, series: Sequence[Se
     xt, tfmt = x_ticks(t0, t1)
     for t in xt:
         xx = x(t)
-        # a label at either end of the axis would be cut in half by the edge
-        anchor = "end" if xx > W - RIGHT - 24 else "start" if xx < LEFT + 8 else "middle"
+        text = _hm(t, tfmt)
         out.append(f'<line class="tick" x1="{xx:.1f}" x2="{xx:.1f}" y1="{TOP + PH}" '
-                   f'y2="{TOP + PH + 3}"/><text x="{xx:.1f}" y="{H - 6}" '
-                   f'text-anchor="{anchor}">{_hm(t, tfmt)}</text>')
+                   f'y2="{TOP + PH + 3}"/>')
+        # A label the edge would cut goes; shifted inwards it would run into its
+        # neighbour. (Half a label's width, at the phone's larger type.)
+        half = 4.2 * len(text)
+        if xx - half >= 0 and xx + half <= W:
+            out.append(f'<text x="{xx:.1f}" y="{H - 6}" text-anchor="middle">{text}</text>')
     out.append("</g>")
     if not vals or not any(vals) and not refs:
         out.append(f'<text class="empty" x="{LEFT + PW / 2}" y="{TOP + PH / 2}" '
