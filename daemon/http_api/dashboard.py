@@ -39,9 +39,11 @@ import base64
 import binascii
 import hmac
 import importlib.resources
+import json
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from html import escape
 from pathlib import PurePath
 from typing import Any
@@ -49,7 +51,7 @@ from urllib.parse import urlencode
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from .dashboard_data import (
@@ -151,21 +153,26 @@ class Dashboard:
 
     async def history_json(self, request: Request) -> Response:
         ns = request.query_params.get("ns") or None
-        samples, live, interval = await run_in_threadpool(self._samples)
+        # a day of samples is megabytes of JSON: encoded off the event loop too
+        body = await run_in_threadpool(self._history_body, ns)
+        return Response(body, media_type="application/json")
+
+    def _history_body(self, ns: str | None) -> bytes:
+        samples, live, interval = self._samples()
         every = [*samples, {**live, "live": True}]
         if ns is not None:
             every = [{"t": s["t"], "namespace": pick(s, ns), "memory": s.get("memory"),
                       "prompt_cache": s.get("prompt_cache"), "fleet": s.get("fleet"),
                       **({"live": True} if s.get("live") else {})} for s in every]
         history = getattr(self.engine, "history", None)
-        return JSONResponse({
+        return json.dumps({
             "interval_s": interval,
             "max_samples": getattr(history, "max_samples", 0),
             "kept": history is not None,
             "max_tracked_namespaces": MAX_TRACKED,
             "namespace": ns,
             "samples": every,
-        })
+        }, separators=(",", ":")).encode()
 
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -198,17 +205,24 @@ class Dashboard:
 
 
 # ------------------------------------------------------------------------ the view
+@dataclass
 class View:
-    """What one page shows: the figures now, and the buckets to draw."""
+    """What one page shows: the figures now (``live``; ``cur``: the namespace's, or the
+    daemon's), and the buckets to draw from ``t0`` to ``t1``."""
 
-    def __init__(self, *, ns: str | None, rng: str, live: dict[str, Any], cur: dict[str, Any]
-                 | None, buckets: Buckets, t0: float, t1: float, interval: float,
-                 namespaces: list[str], model: str | None, loaded: bool, kept: bool,
-                 samples: int) -> None:
-        self.ns, self.rng, self.live, self.cur = ns, rng, live, cur
-        self.buckets, self.t0, self.t1, self.interval = buckets, t0, t1, interval
-        self.namespaces, self.model, self.loaded, self.kept = namespaces, model, loaded, kept
-        self.samples = samples
+    ns: str | None
+    rng: str
+    live: dict[str, Any]
+    cur: dict[str, Any] | None
+    buckets: Buckets
+    t0: float
+    t1: float
+    interval: float
+    namespaces: list[str]
+    model: str | None
+    loaded: bool
+    kept: bool
+    samples: int
 
 
 def build_view(samples: Sequence[dict[str, Any]], live: dict[str, Any], interval: float,
