@@ -258,3 +258,31 @@ def test_the_http_front_serves_the_dashboard_behind_its_token() -> None:
     open_front = OpenAIFront(_Engine(), SimpleNamespace(), token=None,  # type: ignore[arg-type]
                              require_token=False, max_body_bytes=1 << 20)
     assert TestClient(open_front.app).get("/dashboard").status_code == 200
+
+
+def test_fleet_lag_is_drawn_per_node() -> None:
+    """Every node's last heartbeat (and this node's own figures, the freshest) is a line
+    of the fleet chart, its lag now in the legend."""
+    eng = _Engine()
+    lag = {"a": 0.5, "b": 2.0}
+
+    def status() -> dict[str, Any]:
+        return {"node": {"node": "a", "lag_s": lag["a"], "lag_entries": 1, "backlog": 0},
+                "nodes": {"a": {"lag_s": 9.0}, "b": {"lag_s": lag["b"], "lag_entries": 4}}}
+
+    eng.fleet = SimpleNamespace(status=status)  # type: ignore[attr-defined]
+    h = History(eng, None, interval_s=1)
+    for _ in range(3):
+        h.sample()
+    lag["b"] = 3.0
+    live = h.now()
+    samples = h.samples()
+    for i, sample in enumerate(samples):  # seconds apart: buckets of their own
+        sample["t"] = live["t"] - 2 * (len(samples) - i)
+    view = build_view(samples, live, 1.0, None, "all")
+    html = render_panel(view)
+    ET.fromstring(f"<div>{html}</div>")
+    assert 'data-key="fleet.a" data-value="0.5"' in html
+    assert 'data-key="fleet.b" data-value="3.0"' in html
+    assert 'data-key="fleet_lag_s" data-value="3.0"' in html
+    assert html.count('data-series="b"') == 1 and 'data-v="2.0"' in html
