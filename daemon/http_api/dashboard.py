@@ -491,7 +491,8 @@ def _held(x: Mapping[str, Any], tree: str, whole: bool) -> tuple[int, int]:
     """(tokens, bytes) of a kind of tree in a bucket's last sample."""
     if whole:
         kind = "session" if tree == "sessions" else tree
-        m = next((r for r in x.get("memory") or [] if r.get("kind") == kind), {})
+        m: Mapping[str, Any] = next(
+            (r for r in x.get("memory") or [] if r.get("kind") == kind), {})
         return int(m.get("tokens", 0)), int(m.get("bytes", 0))
     return int(x["tree_tokens"][tree]), int(x["tree_bytes"][tree])
 

@@ -45,8 +45,8 @@ def _nice(x: float) -> float:
     """The smallest of 1, 2, 2.5, 5 x 10^k at or above ``x``."""
     if x <= 0:
         return 1.0
-    e = 10 ** math.floor(math.log10(x))
-    for m in (1, 2, 2.5, 5, 10):
+    e = 10.0 ** math.floor(math.log10(x))
+    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
         if m * e >= x * (1 - 1e-9):
             return m * e
     return 10 * e
@@ -77,8 +77,8 @@ def x_ticks(t0: float, t1: float, most: int = 5) -> tuple[list[float], str]:
     step = next((s for s in _TIME_STEPS if span / s <= most), _TIME_STEPS[-1])
     # local midnight-aligned ticks read naturally (12:00, 12:15, ...)
     offset = time.localtime(t0).tm_gmtoff
-    first = math.ceil((t0 + offset) / step) * step - offset
-    ticks = []
+    first = float(math.ceil((t0 + offset) / step) * step - offset)
+    ticks: list[float] = []
     t = first
     while t <= t1 + 1e-9:
         ticks.append(t)
@@ -151,9 +151,10 @@ def chart(kind: str, times: Sequence[float], width_s: float, series: Sequence[Se
         n = len(series)
         for j, s in enumerate(series):
             out.append(f'<g class="bars c-{s.cls}" data-series="{escape(s.name)}">')
-            for i, (t, v) in enumerate(zip(times, s.values, strict=True)):
-                if v is None or v <= 0:
+            for i, (t, bv) in enumerate(zip(times, s.values, strict=True)):
+                if bv is None or bv <= 0:
                     continue
+                v = bv
                 if kind == "stacked":
                     x0, w_ = x(t) + bw * 0.08, bw * 0.84
                     y0, y1 = y(base[i] + v), y(base[i])
