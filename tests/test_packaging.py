@@ -36,6 +36,10 @@ def test_wheel_contains_extension_and_namespaced_packages(tmp_path: Path) -> Non
         "suffixd/client/__init__.py",
         "suffixd/cli/main.py",
         "suffixd/v1/suffixd_pb2.py",
+        # the dashboard's files (package-data: the page must work offline)
+        "suffixd/daemon/http_api/dashboard_static/dashboard.css",
+        "suffixd/daemon/http_api/dashboard_static/dashboard.js",
+        "suffixd/daemon/http_api/dashboard_static/favicon.svg",
     ):
         assert module in names, module
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

@@ -616,10 +616,12 @@ class Generation:
                     engine.append(ns, sid, "response", generated[fed[0] - len(prompt) :])
                     with self._seen_lock:
                         self._seen[(ns, sid)] = prompt + generated
-                yield chunk
-                hook = getattr(engine, "on_generate", None)  # metrics (daemon/server/metrics.py)
+                # Before the yield: a consumer that stops at the final chunk (the HTTP
+                # front's Run) never resumes this generator, and the totals went uncounted.
+                hook = getattr(engine, "on_generate", None)  # metrics, dashboard history
                 if hook is not None and chunk.stats is not None:
                     hook(ns, chunk.stats)
+                yield chunk
         finally:
             if oneoff:
                 rt.verifier.forget(vkey)

@@ -70,6 +70,7 @@ from starlette.routing import Route
 from ..common.errors import EngineError, NotFound
 from ..generation.grammar import Grammar, GrammarError
 from ..generation.pipeline import Generation, GenerationRequest
+from .dashboard import Dashboard
 from .requests import (
     ApiError,
     api_error,
@@ -160,6 +161,8 @@ class OpenAIFront:
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
+            # the page over the counters (daemon/http_api/dashboard.py), same token
+            *Dashboard(engine, token=token).routes(),
         ], exception_handlers={404: self._not_found, 405: self._not_allowed})
 
     # ------------------------------------------------------------------ plumbing

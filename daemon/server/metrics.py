@@ -97,7 +97,33 @@ class EngineCollector(Collector):
                     evict.add_metric([ns, tree], t["evictions"])
             open_sessions.add_metric([ns], e.get("open_sessions", 0))
         yield from (req, gen, spec, steps, prop, acc, evict, *gauges.values(), open_sessions)
+        yield from self._memory()
         yield from self._verifier()
+
+    def _memory(self) -> Iterator[Any]:
+        """The trees by kind over the whole daemon against their budgets (``suffixd stats``'
+        memory table; 0: no budget). Budgets over every tree of a kind are scope "all",
+        those of each tree "per_tree"."""
+        try:
+            rows = self.engine.memory()
+        except Exception:  # a scrape must never take the daemon down
+            log.exception("metrics: engine.memory failed")
+            return
+        held = {f: GaugeMetricFamily(f"suffixd_memory_{f}", f"Trees' {f} by kind, over "
+                                     "every namespace.", labels=["kind"])
+                for f in ("trees", "tokens", "bytes")}
+        budget = {f: GaugeMetricFamily(f"suffixd_memory_budget_{f}", f"Budget in {f} by "
+                                       "kind (0: none); scope all: over every tree of the "
+                                       "kind, per_tree: each one's.", labels=["kind", "scope"])
+                  for f in ("tokens", "bytes")}
+        for m in rows:
+            kind = str(m["kind"])
+            for f, g in held.items():
+                g.add_metric([kind], m[f])
+            for f, g in budget.items():
+                g.add_metric([kind, "all"], m[f"budget_{f}"])
+                g.add_metric([kind, "per_tree"], m[f"budget_{f}_per_tree"])
+        yield from (*held.values(), *budget.values())
 
     def _verifier(self) -> Iterator[Any]:
         """The colocated verifier's measured cost profile (once it is loaded)."""
@@ -222,6 +248,16 @@ class Instruments:
             "suffixd_generate_completion_tokens", "Generate: tokens generated.",
             registry=registry,
         )
+        # No namespace label: these are registered as they are, not behind the summing of
+        # NamespacesHidden (the dashboard page has them per namespace).
+        self.prompt_tokens = Counter(
+            "suffixd_generate_prompt_tokens", "Generate: prompt tokens of finished requests.",
+            registry=registry,
+        )
+        self.reused_prompt_tokens = Counter(
+            "suffixd_generate_reused_prompt_tokens", "Generate: prompt tokens not evaluated "
+            "again (the session's KV cache, or a prompt cache checkpoint).", registry=registry,
+        )
         self.generate_seconds = Counter(
             "suffixd_generate_seconds",
             "Generate: seconds spent in requests (rate(tokens) / rate(seconds) is the "
@@ -239,6 +275,8 @@ class Instruments:
         self.queue_seconds.observe(max(0.0, float(getattr(stats, "queue_s", 0.0))))
         self.generated.inc(n)
         self.generate_seconds.inc(max(total, 0.0))
+        self.prompt_tokens.inc(max(0, int(getattr(stats, "prompt_tokens", 0))))
+        self.reused_prompt_tokens.inc(max(0, int(getattr(stats, "cached_prompt_tokens", 0))))
 
     def attach(self, engine: Any) -> None:
         """Wrap ``engine.propose`` and ``engine.record_step`` (on this instance only)."""

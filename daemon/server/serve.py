@@ -58,6 +58,7 @@ EXTRA_SERVICES: list[str] = [
     "suffixd.daemon.grpc_api.corpus_service:register",
     "suffixd.daemon.server.metrics:register",
     "suffixd.daemon.grpc_api.generate_service:register",
+    "suffixd.daemon.server.history:register",
 ]
 # ---------------------------------------------------------------------------------------
 GENERATOR_SERVICE = "suffixd.v1.Generator"  # NOT_SERVING in gRPC health until ready
