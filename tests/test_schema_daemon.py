@@ -22,6 +22,7 @@ import httpx
 import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.schema_strategies import schemas
 
@@ -126,18 +127,30 @@ def test_a_recursive_schema_is_served_and_an_invalid_regex_refused(daemon: Any) 
     _alive(daemon)
 
 
+@pytest.mark.parametrize("root", [{"type": "number"}, {"type": "null"}, {"enum": [1, 2]},
+                                  {"type": "array"}, {"anyOf": [{"type": "object"}]}])
+def test_tool_parameters_must_be_an_object(daemon: Any, root: Any) -> None:
+    r, took = _post(daemon, _as_tool(root), timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "tools[0].function.parameters"
+
+
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                  HealthCheck.data_too_large])
-@given(schema=schemas)
-def test_any_schema_is_a_valid_answer_or_a_4xx(daemon: Any, schema: Any) -> None:
-    r, took = _post(daemon, _as_format(schema))
+@given(schema=schemas, as_tool=st.booleans())
+def test_any_schema_is_a_valid_answer_or_a_4xx(daemon: Any, schema: Any, as_tool: bool,
+                                               ) -> None:
+    r, took = _post(daemon, _as_tool(schema) if as_tool else _as_format(schema))
     assert took < ANSWER_BOUND_S
     assert r.status_code in (200, 400), r.text
     if r.status_code == 400:
         assert took < REFUSAL_BOUND_S
     else:
         choice = r.json()["choices"][0]
-        if choice["finish_reason"] == "stop":
+        if as_tool and choice["finish_reason"] == "tool_calls":
+            for call in choice["message"]["tool_calls"]:
+                jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
+        elif not as_tool and choice["finish_reason"] == "stop":
             jsonschema.validate(json.loads(choice["message"]["content"]), schema)
     _alive(daemon)

@@ -317,8 +317,26 @@ def _function(tool: Any, i: int) -> dict[str, Any]:
         if not isinstance(params, Mapping):
             raise ApiError(400, f"{where}.function.parameters must be a JSON schema object",
                            param=f"{where}.function.parameters")
+        if not _object_root(params):
+            # a call's arguments are an object (OpenAI refuses any other root): a number
+            # or an array there would be written by the grammar and read by no call format
+            raise ApiError(400, f"{where}.function.parameters must be the schema of an "
+                           "object (\"type\": \"object\" at its root)",
+                           param=f"{where}.function.parameters")
         out["parameters"] = dict(params)
     return out
+
+
+_NOT_OBJECT_ROOT = ("anyOf", "oneOf", "allOf", "enum", "const", "$ref", "items",
+                    "prefixItems", "pattern", "format", "minLength", "maxLength")
+
+
+def _object_root(schema: Mapping[str, Any]) -> bool:
+    """Whether a schema's root is an object: ``"type": "object"``, or no type and nothing
+    that makes it another kind of value (``{}`` and ``{"properties": ...}`` are objects)."""
+    if "type" in schema:
+        return schema["type"] == "object"
+    return not any(k in schema for k in _NOT_OBJECT_ROOT)
 
 
 def _response_schema(fmt: Any) -> dict[str, Any] | None:
