@@ -501,10 +501,14 @@ class StepBatcher:
         try:
             yield
         finally:
-            with self._cond:
-                self._busy = False
-                self._free_since = time.monotonic()
-                self._cond.notify_all()
+            self._release_model()
+
+    def _release_model(self) -> None:
+        """The end of an exclusive hold: the model is free for the next step."""
+        with self._cond:
+            self._busy = False
+            self._free_since = time.monotonic()
+            self._cond.notify_all()
 
     def _quiet(self) -> bool:
         return not (self._requests or self._members or self._pending or self._busy
@@ -528,10 +532,7 @@ class StepBatcher:
         try:
             yield
         finally:
-            with self._cond:
-                self._busy = False
-                self._free_since = time.monotonic()
-                self._cond.notify_all()
+            self._release_model()
 
     def _submit(self, req: StepRows) -> None:
         cond = self._cond
