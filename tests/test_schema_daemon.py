@@ -57,8 +57,14 @@ def _as_format(schema: Any) -> dict[str, Any]:
                                 "json_schema": {"name": "x", "schema": schema}}}
 
 
-def _as_tool(schema: Any) -> dict[str, Any]:
-    return {"tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
+def _wrapped(schema: Any) -> dict[str, Any]:
+    """``schema`` as a tool's one argument (a function's parameters are an object)."""
+    return {"type": "object", "properties": {"value": schema}, "required": ["value"]}
+
+
+def _as_tool(schema: Any, wrap: bool = True) -> dict[str, Any]:
+    params = _wrapped(schema) if wrap else schema
+    return {"tools": [{"type": "function", "function": {"name": "f", "parameters": params}}],
             "tool_choice": "required"}
 
 
@@ -130,7 +136,7 @@ def test_a_recursive_schema_is_served_and_an_invalid_regex_refused(daemon: Any) 
 @pytest.mark.parametrize("root", [{"type": "number"}, {"type": "null"}, {"enum": [1, 2]},
                                   {"type": "array"}, {"anyOf": [{"type": "object"}]}])
 def test_tool_parameters_must_be_an_object(daemon: Any, root: Any) -> None:
-    r, took = _post(daemon, _as_tool(root), timeout=60)
+    r, took = _post(daemon, _as_tool(root, wrap=False), timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "tools[0].function.parameters"
 
@@ -150,7 +156,8 @@ def test_any_schema_is_a_valid_answer_or_a_4xx(daemon: Any, schema: Any, as_tool
         choice = r.json()["choices"][0]
         if as_tool and choice["finish_reason"] == "tool_calls":
             for call in choice["message"]["tool_calls"]:
-                jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
+                jsonschema.validate(json.loads(call["function"]["arguments"]),
+                                    _wrapped(schema))
         elif not as_tool and choice["finish_reason"] == "stop":
             jsonschema.validate(json.loads(choice["message"]["content"]), schema)
     _alive(daemon)
