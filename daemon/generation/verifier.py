@@ -579,7 +579,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
             n_past = len(slot.tokens)
             req = StepRows(slot.seq_id, [pending, *path], n_past,
                            room=min(room + 1, self.n_batch),
-                           probs=list(probs[: len(path)]) if trimmable else None, want=want)
+                           probs=(list(probs[: len(path)])
+                                  if trimmable and probs is not None else None), want=want)
             gaps: list[TokenGap] = []
             with self._steps.step(req, request):
                 if req.kept - 1 < len(path):

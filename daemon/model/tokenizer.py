@@ -51,7 +51,7 @@ class Tokenizer:
         bytes one piece at a time: quadratic, 38 s for a million ids), with each token's
         piece looked up once and kept."""
         pieces = self._pieces
-        out = b"".join(pieces[t] if pieces[t] is not None else self._piece(t) for t in tokens)
+        out = b"".join(p if (p := pieces[t]) is not None else self._piece(t) for t in tokens)
         # As llama-cpp-python: the space a BOS-started text gains is not part of it.
         if tokens and tokens[0] == self._bos and out[:1] == b" ":
             out = out[1:]

@@ -41,6 +41,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ..common.config import default_socket_path
+from ..grpc_api.registrar import ServiceRegistrar
 from .auth import BearerTokenInterceptor
 from .datadir import DataDirLock, owner_only, write_private
 from .loop_server import LoopServer
@@ -63,7 +64,7 @@ EXTRA_SERVICES: list[str] = [
 GENERATOR_SERVICE = "suffixd.v1.Generator"  # NOT_SERVING in gRPC health until ready
 
 
-def _load_extra(spec: str) -> Callable[[grpc.Server, Any], list[str] | None] | None:
+def _load_extra(spec: str) -> Callable[[ServiceRegistrar, Any], list[str] | None] | None:
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -71,7 +72,7 @@ def _load_extra(spec: str) -> Callable[[grpc.Server, Any], list[str] | None] | N
         if exc.name == module_name:
             return None
         raise
-    fn: Callable[[grpc.Server, Any], list[str] | None] = getattr(module, attr)
+    fn: Callable[[ServiceRegistrar, Any], list[str] | None] = getattr(module, attr)
     return fn
 
 
