@@ -304,9 +304,10 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     cfg.data_dir = Path(cfg.data_dir).expanduser()
-    log.info("starting", extra={"data_dir": str(cfg.data_dir), "pid": os.getpid()})
     cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     preflight(cfg)  # seconds before the model loads and the trees rebuild
+    # after the preflight: a mistake it finds is the one line the command prints
+    log.info("starting", extra={"data_dir": str(cfg.data_dir), "pid": os.getpid()})
     owner_only(cfg.data_dir)
     if cfg.insecure:
         log.warning("--insecure: TCP and HTTP listeners accept anyone who can reach them, "
