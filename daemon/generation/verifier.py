@@ -46,6 +46,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..model import extra_weight_buffers
+from ..model.llama_log import route_llama_logs
 from .certify import Certification, TokenGap, token_gap
 from .cost_measure import CostMeasurement, MeasurementStopped
 from .grammar import Grammar, GrammarError, GrammarState, constrained_argmax
@@ -234,6 +235,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
 
         self._llama_cpp = llama_cpp
         self.model_path = Path(model_path)
+        route_llama_logs()
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
