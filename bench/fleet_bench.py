@@ -86,7 +86,8 @@ def _fleet_status(target: str) -> dict[str, Any]:
 
     c = Client(target)
     try:
-        return json.loads(c.stats()["fleet_json"] or "{}").get("node", {})
+        node: dict[str, Any] = json.loads(c.stats()["fleet_json"] or "{}").get("node", {})
+        return node
     finally:
         c.close()
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -269,4 +268,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -11,7 +11,7 @@ import click
 
 from suffixcache.cost import CostProfile
 from suffixcache.drafter import Draft, DraftConfig
-from suffixcache.replay import Message, Session, SuffixSource, replay
+from suffixcache.replay import DraftSource, Message, Session, SuffixSource, replay
 
 
 @click.group()
@@ -201,8 +201,9 @@ def replay_cmd(
     profile = _load_profile(cost_profile)
     sessions = tokenized_workload(workload, tokenizer_path, limit_sessions)
     total = sum(len(m.content) for s in sessions for m in s.messages if m.role == "assistant")
-    results = {}
+    results: dict[str, dict[str, float | int | str]] = {}
     for name in sources or ("suffixd",):
+        source: DraftSource
         if name == "pld":
             source = PromptLookupSource()
         else:
@@ -240,7 +241,7 @@ def _load_profile(text: str | None) -> CostProfile:
         raise click.BadParameter(str(exc), param_hint="--cost-profile") from None
 
 
-def _print_table(workload: str, results: dict[str, dict]) -> None:
+def _print_table(workload: str, results: dict[str, dict[str, float | int | str]]) -> None:
     names = list(results)
     width = max(len(k) for k in FIGURE_ORDER) + 2
     click.echo(f"workload: {workload}")

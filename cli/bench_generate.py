@@ -340,7 +340,8 @@ def _run(
                 except ValueError:  # no batch record to re-evaluate: stays diverged
                     pass
             verdicts[m][verdict] += 1
-            if verdict in ("diverged", "shape_flip") and len(diverged) < 10:
+            # (both verdicts come with the position where the runs part)
+            if verdict in ("diverged", "shape_flip") and where is not None and len(diverged) < 10:
                 parting: dict[str, Any] = {
                     "mode": m,
                     "verdict": verdict,
@@ -355,8 +356,8 @@ def _run(
                     # Which run a from-scratch evaluation of the same context agrees with.
                     ctx = prompt + [g.token for g in ref_g[:where]]
                     row = verifier.next_logits(ctx)
-                    best = np.argsort(-row)[:3]
-                    parting["fresh"] = [[int(t), float(row[t])] for t in best]
+                    top3 = np.argsort(-row)[:3]
+                    parting["fresh"] = [[int(t), float(row[t])] for t in top3]
                 diverged.append(parting)
 
     n_turns = len(todo) - skipped

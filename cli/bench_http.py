@@ -21,11 +21,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
 from .bench_generate import load_session_turns
+
+# openai is a benchmark dependency, imported where it runs. Messages read from a workload
+# file go to it cast to its message types: the daemon checks them, not this process.
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 
 def _start_daemon(data_dir: Path, model: str | None, threads: int,
@@ -129,7 +134,8 @@ def http_bench(workload: Path, sessions: int, max_tokens: int, model: str | None
                     decode_s = float(totals.get("decode_seconds", 0.0))
                 else:
                     stream = oai.chat.completions.create(
-                        model="default", messages=msgs, max_tokens=max_tokens, temperature=0,
+                        model="default", messages=cast("list[ChatCompletionMessageParam]", msgs),
+                        max_tokens=max_tokens, temperature=0,
                         stream=True, stream_options={"include_usage": True},
                         extra_headers={"X-Suffixd-Namespace": "bench-http"})
                     extra: dict[str, Any] = {}

@@ -27,11 +27,15 @@ import shutil
 import signal
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .llama_server import llama_server_options
+
+if TYPE_CHECKING:  # the openai package is a benchmark dependency, imported where it runs
+    from openai.types.chat import ChatCompletionMessageParam
+    from openai.types.chat.completion_create_params import ResponseFormat
 
 # (name, user message, response_format schema or None for json_object)
 CASES: list[tuple[str, str, dict[str, Any] | None]] = [
@@ -94,18 +98,18 @@ def structured_bench(max_tokens: int, model: str | None, threads: int, as_json: 
         oai = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=600)
         pieces = [renderer_v.token_bytes(t) for t in range(renderer_v.vocab_size)]
         for name, question, schema in CASES:
-            messages = [{"role": "user", "content": question}]
-            fmt: dict[str, Any] = {"type": "json_object"} if schema is None else {
+            messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": question}]
+            fmt: ResponseFormat = {"type": "json_object"} if schema is None else {
                 "type": "json_schema", "json_schema": {"name": name, "schema": schema}}
             answers = []
             for attempt in ("plain", "drafted"):
-                r = oai.chat.completions.create(
-                    model="default", messages=messages, max_tokens=max_tokens,  # type: ignore[arg-type]
-                    temperature=0, response_format=fmt,  # type: ignore[arg-type]
+                resp = oai.chat.completions.create(
+                    model="default", messages=messages, max_tokens=max_tokens,
+                    temperature=0, response_format=fmt,
                     extra_headers={"X-Suffixd-Namespace": f"structured-{name}",
                                    "X-Suffixd-Session": f"{name}-{attempt}"})
-                answers.append((r.choices[0].message.content or "",
-                                (r.model_extra or {}).get("suffixd", {})))
+                answers.append((resp.choices[0].message.content or "",
+                                (resp.model_extra or {}).get("suffixd", {})))
             prompt = renderer.tokens(messages)
             turn = server.complete(prompt, max_tokens,
                                    json_schema=schema if schema is not None else {})

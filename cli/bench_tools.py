@@ -32,13 +32,18 @@ import tempfile
 import time
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
 from .llama_server import llama_server_options
 
-BASH = {"type": "function", "function": {
+# openai is a benchmark dependency, imported where it runs. Messages read from a workload
+# file go to it cast to its message types: the daemon checks them, not this process.
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
+
+BASH: ChatCompletionToolParam = {"type": "function", "function": {
     "name": "bash", "description": "Run one bash command (or commands joined with && or ||) "
     "in the repository and return its output.",
     "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
@@ -152,7 +157,8 @@ def tools_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
                 t0 = time.perf_counter()
                 if system == "suffixd":
                     r = oai.chat.completions.create(
-                        model="default", messages=messages, tools=[BASH],
+                        model="default", tools=[BASH],
+                        messages=cast("list[ChatCompletionMessageParam]", messages),
                         tool_choice="required", parallel_tool_calls=False, temperature=0,
                         max_tokens=max_tokens, extra_headers={
                             "X-Suffixd-Namespace": "bench-tools",
@@ -163,7 +169,8 @@ def tools_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
                     decode_s = float(extra.get("decode_seconds", 0.0))
                     steps = int(extra.get("steps", 0))
                     got = [(c.function.name, json.loads(c.function.arguments))
-                           for c in r.choices[0].message.tool_calls or ()]
+                           for c in r.choices[0].message.tool_calls or ()
+                           if c.type == "function"]  # the only kind the daemon answers
                 else:
                     turn = servers[system].complete(prompt, max_tokens, grammar=gbnf)
                     wall = time.perf_counter() - t0

@@ -41,7 +41,8 @@ class _LazyGroup(click.Group):
             if exc.name == full_name:  # command not built into this installation
                 return None
             raise
-        return getattr(module, attr)
+        command: click.Command = getattr(module, attr)
+        return command
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,7 +246,7 @@ class Warmer:
         return stats
 
     # -- watch mode ---------------------------------------------------------
-    def apply_changes(self, changes: dict[str, str], stats: WarmStats) -> None:
+    def apply_changes(self, changes: Mapping[str, str], stats: WarmStats) -> None:
         """Apply a debounced batch of (absolute path -> op) from the watcher."""
         upserts: dict[str, Path] = {}
         deletes: list[str] = []
@@ -386,7 +386,7 @@ def warm(
                     warn(f"{describe_error(exc, client.target)}; retrying in 2 s")
                     time.sleep(2.0)
                     for path, op in changes.items():
-                        watcher.debouncer.add(path, op)  # type: ignore[arg-type]
+                        watcher.debouncer.add(path, op)
                     with contextlib.suppress(grpc.RpcError, SuffixdError):
                         warmer.refresh_known()
                     continue

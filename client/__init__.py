@@ -3,7 +3,7 @@ and ``SuffixDraftModel`` (llama-cpp-python draft model backed by the daemon)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .client import Client, Session, Stepper
 from .errors import (
@@ -20,6 +20,10 @@ from .errors import (
     UnavailableError,
 )
 from .types import AppendResult, Draft, SessionInfo
+
+if TYPE_CHECKING:  # the names __getattr__ loads on first use, for the type checker
+    from .aio import AsyncClient, AsyncSession, AsyncStepper
+    from .draft_model import SuffixDraftModel
 
 __all__ = [
     "AlreadyExistsError", "AppendResult", "AsyncClient", "AsyncSession", "AsyncStepper",

@@ -149,7 +149,7 @@ def replay(
     cost_profile: CostProfile,
     *,
     max_spec: int = 32,
-    on_turn: Callable[[int], None] | None = None,
+    on_turn: Callable[[int], object] | None = None,
 ) -> ReplayResult:
     """Runs the replay protocol over sessions (in order, state carried over)."""
     res = ReplayResult(source=source.name)

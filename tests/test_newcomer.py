@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import shlex
 import subprocess
 import sys
 import urllib.request
@@ -58,6 +60,11 @@ def test_1_first_generate_says_what_it_waits_for(loaded: Any) -> None:
         assert "suffixd: model ready" in out.stderr
     assert out.stdout.strip()
     assert '"generation ready"' in loaded.proc.log()
+    # nothing at start that means nothing (a vocabulary-only model's context used to warn
+    # of a context overflow), and llama.cpp's own lines only through the logger
+    assert "possible training context overflow" not in loaded.proc.log()
+    assert not [ln for ln in loaded.proc.log().splitlines()
+                if ln.startswith(("llama_", "load:", "print_info:", "state_read_meta"))]
     status = wait_costs_measured(loaded)
     assert status["loaded"] and status["phase"] == "" and status["cost_profile"][1] == 1.0
 
@@ -86,6 +93,30 @@ def test_chat_session_continues_the_conversation(loaded: Any) -> None:
     assert int(t3["prompt_tokens"]) < int(t1["prompt_tokens"]) + 8
     hist = json.loads((loaded.proc.data_dir / "chats" / "default" / "s1.json").read_text())
     assert [m["role"] for m in hist["messages"]] == ["user", "assistant"]
+
+
+def test_readme_generate_pair_gives_the_readme_s_figures(loaded: Any) -> None:
+    """The README's `suffixd generate --stats` pair, run as written (in a namespace of its
+    own: the README's daemon is fresh), gives the token and step counts the README says."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme[readme.index("## Generating with the colocated verifier"):]
+    commands = [shlex.split(line.split("  #")[0]) for line in block.splitlines()
+                if line.startswith("suffixd generate --stats ")][:2]
+    assert len(commands) == 2 and commands[0] == commands[1], commands
+    said = re.search(r"Both runs above write (\d+) tokens .*?\(about (\d+) verifier steps\)"
+                     r".*?takes about (\d+) steps instead of \1", block, re.S)
+    assert said, "the README's figures of the pair moved: update this test with them"
+    tokens, first_steps, second_steps = (int(g) for g in said.groups())
+    runs = []
+    for cmd in commands:
+        line = cli(loaded, *cmd[1:], "--namespace", "readme-pair").stderr.strip().splitlines()[-1]
+        m = re.match(r"(\d+) tokens in .* over (\d+) steps; finish", line)
+        assert m, line
+        runs.append((int(m.group(1)), int(m.group(2))))
+    (n1, s1), (n2, s2) = runs
+    assert n1 == n2 == tokens
+    # "about": the steps depend on the costs measured on this machine
+    assert s1 <= 2 * first_steps and s2 <= 2 * second_steps, runs
 
 
 def test_stats_flag_prints_speed_and_first_token(loaded: Any) -> None:

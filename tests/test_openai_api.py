@@ -280,11 +280,19 @@ def test_client_disconnect_mid_stream_stops_generation(http_daemon: Any) -> None
     after = http_daemon.describe_session("dc", "dc1").tokens
     assert after == before, "generation went on after the client left"
     assert after < 2000
+    assert hang_ups(http_daemon, "dc1") == 1
     # the daemon serves on, the session's slot was released: the same session generates
     r2 = http_daemon.oai.completions.create(
         model="default", prompt="SELECT name FROM", max_tokens=3, temperature=0,
         extra_headers=ns_headers("dc", "dc1"), timeout=60)
     assert r2.usage.completion_tokens >= 1
+
+
+def hang_ups(http_daemon: Any, session: str) -> int:
+    """The daemon's log lines for clients of ``session`` that hung up (one per request)."""
+    return sum("client disconnected; generation cancelled" in line
+               and f"session={session}" in line.split()
+               for line in http_daemon.proc.log().splitlines())
 
 
 def test_client_disconnect_without_streaming_stops_generation(http_daemon: Any) -> None:
@@ -308,7 +316,7 @@ def test_client_disconnect_without_streaming_stops_generation(http_daemon: Any) 
     assert after == before, "generation went on after the client left"
     assert after < 2000
     log = http_daemon.proc.log()
-    assert "client disconnected; generation cancelled" in log
+    assert hang_ups(http_daemon, "dc2") == 1
     assert "Traceback" not in log and "internal error" not in log
     r2 = http_daemon.oai.completions.create(
         model="default", prompt="SELECT name FROM", max_tokens=3, temperature=0,
@@ -450,6 +458,46 @@ def test_finder_never_guesses_between_identical_first_turns() -> None:
     sid, found = f.claim("ns", [*m1, {"role": "assistant", "content": "rewritten"},
                                 {"role": "user", "content": "next"}])
     assert not found and sid not in (a, b)
+
+
+def test_finder_follows_an_agent_that_drops_a_malformed_reply() -> None:
+    """A text-mode agent that drops a reply it could not parse continues the session whose
+    history its call extends without that turn: asking again with a word on why (rule 3),
+    or after error messages answered with a reply it keeps alone (rule 4)."""
+    f = SessionFinder()
+    m1 = [{"role": "system", "content": "S"}, {"role": "user", "content": "task"}]
+    sid, _ = f.claim("ns", m1)
+    f.release("ns", sid, m1, "r1")
+    m2 = [*m1, {"role": "assistant", "content": "r1"}, {"role": "user", "content": "out1"}]
+    assert f.claim("ns", m2) == (sid, True)
+    f.release("ns", sid, m2, "malformed")
+    # rule 3: the malformed reply dropped, the prompt goes on with why
+    m3 = [*m2, {"role": "user", "content": "your reply was malformed, try again"}]
+    assert f.claim("ns", m3) == (sid, True)
+    f.release("ns", sid, m3, "also malformed")
+    # rule 4: the error and the bad reply resent, twice, then a reply that passes...
+    m4 = [*m3, {"role": "assistant", "content": "also malformed"},
+          {"role": "user", "content": "format error"}]
+    assert f.claim("ns", m4) == (sid, True)
+    f.release("ns", sid, m4, "still malformed")
+    m5 = [*m4, {"role": "assistant", "content": "still malformed"},
+          {"role": "user", "content": "format error"}]
+    assert f.claim("ns", m5) == (sid, True)
+    f.release("ns", sid, m5, "r2")
+    # ...which the agent keeps alone, after the prompt of the turn (m2)
+    m6 = [*m2, {"role": "assistant", "content": "r2"}, {"role": "user", "content": "out2"}]
+    assert f.claim("ns", m6) == (sid, True)
+    f.release("ns", sid, m6, "r3")
+    # the turn resent as it was (a retry) still forks, and a first turn never continues
+    assert f.claim("ns", m6)[0] != sid
+    assert not f.claim("ns", [*m1, {"role": "user", "content": "again"}])[1]
+    # two sessions that could be meant: neither
+    f2 = SessionFinder()
+    for reply in ("xa", "xb"):
+        other, found = f2.claim("ns", m2)
+        assert not found
+        f2.release("ns", other, m2, reply)
+    assert not f2.claim("ns", [*m2, {"role": "user", "content": "again"}])[1]
 
 
 def test_store_failures_map_to_openai_shaped_errors() -> None:

@@ -37,15 +37,14 @@ from suffixcache.store_records import Txn
 from ..common.errors import EngineError
 from . import entries, outbox
 from .config import FleetConfig, FleetError, RedisKeys, stream_id
+from .rooms import Rep, RoomBase
 
 log = logging.getLogger("suffixd.fleet")
 
-# An entry's replica record: {ns, id (stream id), sep (the stream's epoch after it), src, n}
-_Rep = dict[str, Any]
 _BAD_STREAM_S = 30.0  # a stream key of another type is looked at again after this
 
 
-class FleetConsumer:
+class FleetConsumer(RoomBase):
     # Fleet's state this room reads or keeps (annotations only: Fleet.__init__ sets them)
     engine: Any
     store: Any
@@ -71,7 +70,7 @@ class FleetConsumer:
     _apply_lat: deque[float]
 
     # ------------------------------------------------------------------ positions
-    def _handled(self, rep: _Rep) -> None:
+    def _handled(self, rep: Rep) -> None:
         ns = rep["ns"]
         self.pos[ns] = rep["id"]
         self.sep[ns] = int(rep["sep"])
@@ -79,7 +78,7 @@ class FleetConsumer:
             key = (ns, rep["src"])
             self.seen[key] = max(self.seen.get(key, 0), int(rep["n"]))
 
-    def _skip(self, rep: _Rep, count: bool = True) -> None:
+    def _skip(self, rep: Rep, count: bool = True) -> None:
         # Nothing to apply: the position is written with the next write (or batch end).
         self._handled(rep)
         self._dirty_pos.add(rep["ns"])
@@ -232,7 +231,7 @@ class FleetConsumer:
         ep = outbox.epoch(self.store, ns)
         sep = self.stream_epoch(ns, ep)
         # Consecutive peers' responses are applied in one transaction (catch-up speed).
-        run: list[tuple[dict[str, Any], _Rep]] = []
+        run: list[tuple[dict[str, Any], Rep]] = []
         for sid, fields in items:
             if self._stop.is_set():
                 break
@@ -266,7 +265,7 @@ class FleetConsumer:
         self._apply_responses(ns, run)
 
     def _parse(self, ns: str, sid: str, fields: Any,
-               sep: int) -> tuple[dict[str, Any] | None, _Rep]:
+               sep: int) -> tuple[dict[str, Any] | None, Rep]:
         """The entry (None when it is skipped: invalid, a duplicate) and its replica
         record, read where the stream's epoch is ``sep``. Counts it as seen (in memory: a
         failed apply reloads the state)."""
@@ -304,7 +303,7 @@ class FleetConsumer:
             ns = "(other)"  # a bounded number of label values
         self.invalid[(ns, reason)] = self.invalid.get((ns, reason), 0) + 1
 
-    def _drop(self, ns: str, ep: int, rep: _Rep | None) -> None:
+    def _drop(self, ns: str, ep: int, rep: Rep | None) -> None:
         """A peer's drop of ``ns`` (epoch ``ep``), applied as a local drop is; with
         ``rep`` its position commits with it."""
         r = self.engine.drop_namespace(ns, replica={**(rep or {}), "ep": ep})
@@ -316,7 +315,7 @@ class FleetConsumer:
                         "sequences": r["sequences"], "documents": r["documents"]})
 
     # ------------------------------------------------------------------ applying
-    def _apply(self, ns: str, e: dict[str, Any], rep: _Rep) -> None:
+    def _apply(self, ns: str, e: dict[str, Any], rep: Rep) -> None:
         own = rep["src"] == self.src
         op = str(e["op"])
         try:
@@ -338,7 +337,7 @@ class FleetConsumer:
         else:
             self._skip(rep)
 
-    def _apply_responses(self, ns: str, run: list[tuple[dict[str, Any], _Rep]]) -> None:
+    def _apply_responses(self, ns: str, run: list[tuple[dict[str, Any], Rep]]) -> None:
         """Peers' responses, in one transaction with the position after the last."""
         if not run:
             return
@@ -388,7 +387,7 @@ class FleetConsumer:
         if evicted:
             self.engine._delete_sequences(list(evicted))
 
-    def _apply_evict(self, ns: str, e: dict[str, Any], rep: _Rep | None) -> bool:
+    def _apply_evict(self, ns: str, e: dict[str, Any], rep: Rep | None) -> bool:
         gone: list[int] = []
         origins = [str(o) for o in e["o"]]
 
@@ -412,7 +411,7 @@ class FleetConsumer:
         self.engine.remove_from_trees(ns, "response", gone)
         return bool(gone)
 
-    def _apply_doc(self, ns: str, e: dict[str, Any], rep: _Rep, own: bool) -> bool:
+    def _apply_doc(self, ns: str, e: dict[str, Any], rep: Rep, own: bool) -> bool:
         key = str(e["key"])
         if own:
             latest = self.store.fleet_get(outbox.doc_write_key(ns, key))

@@ -33,6 +33,7 @@ from typing import Any
 from suffixcache.store_layout import unpack_tokens
 
 from ..common.errors import EngineError
+from ..engine.validation import Validator
 from . import outbox
 
 # The reasons an entry is refused (a label of suffixd_fleet_invalid_entries_total).
@@ -105,7 +106,7 @@ def _hash(v: Any) -> str | None:
     return v
 
 
-def _meta(v: Any, validator: Any) -> dict[str, Any]:
+def _meta(v: Any, validator: Validator) -> dict[str, Any]:
     # What a warm stores ({"kind": "sql", "size": 123}), within a session metadata's limits.
     meta = v or {}
     if not isinstance(meta, dict) or len(meta) > validator.limits.max_metadata_entries:
@@ -129,7 +130,7 @@ def tokens_error(tokens: list[int], vocab_size: int | None) -> str | None:
     return None
 
 
-def _tokens(packed: Any, validator: Any, limit: int) -> list[int]:
+def _tokens(packed: Any, validator: Validator, limit: int) -> list[int]:
     if not isinstance(packed, bytes) or len(packed) % 4:
         raise BadEntry("schema", "tokens are not packed int32")
     if len(packed) // 4 > limit:
@@ -141,14 +142,14 @@ def _tokens(packed: Any, validator: Any, limit: int) -> list[int]:
     return toks
 
 
-def max_entry_bytes(validator: Any) -> int:
+def max_entry_bytes(validator: Validator) -> int:
     """The largest entry a node of this configuration publishes: a response as long as a
     session may grow, or a message's worth, with room for the fields."""
     lim = validator.limits
     return max(lim.max_message_bytes, 4 * lim.max_session_tokens) + (1 << 16)
 
 
-def check(fields: Any, ns: str, validator: Any) -> dict[str, Any]:
+def check(fields: Any, ns: str, validator: Validator) -> dict[str, Any]:
     """The entry of a stream entry's ``fields`` (stream of namespace ``ns``), checked
     whole; raises BadEntry."""
     try:
@@ -228,7 +229,7 @@ def epoch_action(op: str, ep: int, local_ep: int) -> tuple[bool, bool]:
     return ep > local_ep, op != "drop"
 
 
-def check_snapshot_item(item: Any, ns: str, validator: Any) -> list[Any]:
+def check_snapshot_item(item: Any, ns: str, validator: Validator) -> list[Any]:
     """One item of a snapshot (daemon/fleet/snapshot.py): ["r", origin, tokens] or
     ["d", key, [tokens...], hash, meta], with the tokens unpacked in place."""
     lim = validator.limits

@@ -55,7 +55,8 @@ _EPOCH = b"e\x00"
 
 
 def dump(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)  # msgpack has no types
+    return packed
 
 
 def load(data: bytes) -> Any:

@@ -26,11 +26,12 @@ from suffixcache.store_records import Txn
 
 from . import outbox
 from .config import FleetConfig, FleetError, RedisKeys
+from .rooms import RoomBase
 
 log = logging.getLogger("suffixd.fleet")
 
 
-class FleetPublisher:
+class FleetPublisher(RoomBase):
     # Fleet's state this room reads or keeps (annotations only: Fleet.__init__ sets them)
     store: Any
     cfg: FleetConfig

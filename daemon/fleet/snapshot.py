@@ -39,6 +39,7 @@ from suffixcache.store_records import Txn
 
 from . import entries, outbox
 from .config import RedisKeys
+from .rooms import RoomBase
 
 log = logging.getLogger("suffixd.fleet")
 
@@ -56,7 +57,7 @@ def _snapshot_epochs(meta: dict[bytes, bytes]) -> tuple[int, int, str | None]:
     return ep, sep, entries.epoch_error(ep, sep)
 
 
-class FleetSnapshots:
+class FleetSnapshots(RoomBase):
     # Fleet's state this room reads or keeps (annotations only: Fleet.__init__ sets them)
     engine: Any
     store: Any

@@ -25,9 +25,10 @@ from typing import Any
 
 from . import outbox
 from .config import FleetConfig, RedisKeys, stream_id
+from .rooms import RoomBase
 
 
-class FleetStatusView:
+class FleetStatusView(RoomBase):
     # Fleet's state this room reads or keeps (annotations only: Fleet.__init__ sets them)
     store: Any
     cfg: FleetConfig

@@ -82,8 +82,11 @@ class ChatRenderer:
         msgs = self._check(messages)
         if self._formatter is not None:
             self._formatter.add_generation_prompt = add_generation_prompt
-            return self._formatter(  # type: ignore[arg-type]
-                messages=msgs, tools=list(tools) if tools else None).prompt
+            # llama_cpp types messages and tools as its OpenAI TypedDicts; ours are
+            # plain mappings, checked by _check and by the template itself
+            return self._formatter(
+                messages=msgs, tools=list(tools) if tools else None,  # type: ignore[arg-type]
+            ).prompt
         import llama_cpp
 
         arr = (llama_cpp.llama_chat_message * len(msgs))()
@@ -145,8 +148,8 @@ class ChatRenderer:
             if self.add_bos and (not head or head[0] != self._v.bos_token):
                 head = [self._v.bos_token, *head]
             n = 0
-            for a, b in zip(head, tokens, strict=False):
-                if a != b:
+            for ta, tb in zip(head, tokens, strict=False):
+                if ta != tb:
                     break
                 n += 1
             if n > 1:

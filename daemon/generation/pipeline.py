@@ -242,8 +242,8 @@ class GenerationRequest:
     session_id: str = ""
     text: str | None = None
     tokens: list[int] | None = None
-    messages: list[Mapping[str, Any]] | None = None
-    tools: list[Mapping[str, Any]] | None = None  # for a chat template with tool support
+    messages: Sequence[Mapping[str, Any]] | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None  # for a chat template with tool support
     grammar: str | None = None  # GBNF the output must match (grammar.py)
     add_bos: bool = True  # text prompts only
     max_tokens: int = 0  # 0: DEFAULT_MAX_TOKENS

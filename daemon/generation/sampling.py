@@ -28,6 +28,7 @@ Pure numpy: no model, no state (the noise is a function of seed and position).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -66,7 +67,10 @@ class SamplingNoise:
     Without a seed, a fresh random one per request."""
 
     def __init__(self, seed: int | None, vocab_size: int) -> None:
-        self.seed = int(np.random.SeedSequence().entropy if seed is None else seed) % 2**64
+        if seed is None:
+            # A SeedSequence made without entropy draws it: an int (numpy types it wider).
+            seed = cast(int, np.random.SeedSequence().entropy)
+        self.seed = int(seed) % 2**64
         self.vocab_size = vocab_size
 
     def at(self, position: int) -> np.ndarray:

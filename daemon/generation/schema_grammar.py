@@ -736,8 +736,8 @@ class _Writer:
             target = self.refs.get(child.ref) if child.kind == "ref" else child
             if target is None or target.kind not in ("object", "enum", "anyOf") or \
                     target.kind == "anyOf" and any(
-                        (self.refs.get(a.ref) if a.kind == "ref" else a) is None
-                        or (self.refs.get(a.ref) if a.kind == "ref" else a).kind != "object"
+                        (b := self.refs.get(a.ref) if a.kind == "ref" else a) is None
+                        or b.kind != "object"
                         for a in target.children):
                 # llama.cpp merges only objects and enums (and ignores the rest, which
                 # breaks the schema): refuse what the merge cannot keep

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..model import extra_weight_buffers
+from ..model.llama_log import route_llama_logs
 from .certify import Certification, TokenGap, token_gap
 from .cost_measure import CostMeasurement, MeasurementStopped
 from .grammar import Grammar, GrammarError, GrammarState, constrained_argmax
@@ -234,6 +235,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
 
         self._llama_cpp = llama_cpp
         self.model_path = Path(model_path)
+        route_llama_logs()
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
@@ -580,7 +582,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
             n_past = len(slot.tokens)
             req = StepRows(slot.seq_id, [pending, *path], n_past,
                            room=min(room + 1, self.n_batch),
-                           probs=list(probs[: len(path)]) if trimmable else None, want=want)
+                           probs=(list(probs[: len(path)])
+                                  if trimmable and probs is not None else None), want=want)
             gaps: list[TokenGap] = []
             with self._steps.step(req, request):
                 if req.kept - 1 < len(path):

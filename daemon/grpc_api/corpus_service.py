@@ -22,6 +22,7 @@ LMDB transaction and indexes it in the corpus tree (native, GIL released).
 
 from __future__ import annotations
 
+import builtins
 import logging
 import queue
 import sys
@@ -38,6 +39,7 @@ from suffixcache.store import DiskFullError
 
 from ..common.errors import EngineError, FailedPrecondition, InvalidArgument, ResourceExhausted
 from ..common.logs import event
+from .registrar import ServiceRegistrar
 
 log = logging.getLogger("suffixd.corpus")
 
@@ -231,7 +233,8 @@ class CorpusIngest:
             if key.startswith(prefix)
         ]
 
-    def check(self, ns: str, files: Sequence[tuple[str, str]]) -> list[str]:
+    # builtins.list: the method above shadows the name in this class's body
+    def check(self, ns: str, files: Sequence[tuple[str, str]]) -> builtins.list[str]:
         _check_name("namespace", ns, _MAX_NAME_BYTES)
         warm = []
         for path, h in files:
@@ -384,7 +387,7 @@ class CorpusServicer(corpus_pb2_grpc.CorpusServicer):
         )
 
 
-def register(server: grpc.Server, engine: Any) -> list[str]:
+def register(server: ServiceRegistrar, engine: Any) -> list[str]:
     """Add the Corpus service to ``server`` (before it starts); returns its name."""
     corpus_pb2_grpc.add_CorpusServicer_to_server(CorpusServicer(engine), server)
     # The warm pipeline hands work between a tokenizer thread and native tree inserts,

@@ -26,6 +26,7 @@ from ..common.errors import EngineError, Unavailable
 from ..generation.chat import ChatTemplateError
 from ..generation.pipeline import Generation, GenerationRequest, Runtime
 from ..generation.verifier import ContextOverflowError
+from .registrar import ServiceRegistrar
 
 log = logging.getLogger("suffixd.generate")
 
@@ -76,8 +77,8 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
             out.cost_profile_source = rt.profile_source
             for k, cost in rt.cost_profile.items():
                 out.cost_profile[int(k)] = cost
-            for k, padded in rt.verifier.batch_padding.items():
-                out.batch_padding[k] = padded
+            for n, padded in rt.verifier.batch_padding.items():
+                out.batch_padding[n] = padded
             if rt.fallback is not None:
                 out.draft_model = json.dumps(rt.fallback.stats())
             out.batching = json.dumps(rt.verifier.batch_stats())
@@ -155,7 +156,7 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
         return out
 
 
-def register(server: grpc.Server, engine: Any) -> list[str]:
+def register(server: ServiceRegistrar, engine: Any) -> list[str]:
     """Add the Generator service to ``server`` (before it starts); returns its name."""
     # One Generation per daemon, shared with the HTTP front; server.run preloads it.
     if getattr(engine, "generator", None) is None:

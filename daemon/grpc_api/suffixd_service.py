@@ -39,7 +39,7 @@ from ..engine import Engine
 
 log = logging.getLogger("suffixd.service")
 
-KIND_NAMES = {
+KIND_NAMES: dict[int, str] = {
     pb.KIND_PROMPT: "prompt",
     pb.KIND_TOOL: "tool",
     pb.KIND_RESPONSE: "response",
@@ -60,7 +60,7 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
     context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
 
-async def _abort_aio(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+async def _abort_aio(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
     """_abort for a coroutine handler (aio's abort is awaited; it raises)."""
     if isinstance(exc, EngineError):
         await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
@@ -352,7 +352,8 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
     ) -> Any:
         # Commit in groups so a long stream neither holds everything in memory nor pays
         # one fsync per item; the reply comes after the last group committed.
-        items, tokens, buf, buf_tokens = 0, 0, [], 0
+        items, tokens, buf_tokens = 0, 0, 0
+        buf: list[tuple[str, str, str, list[int]]] = []
         limit = self.engine.limits.max_tokens_per_call
         for req in request_iterator:
             item = (req.namespace, req.session_id, _kind(req.kind), self._tokens_of(req))
@@ -370,7 +371,7 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
         return pb.IngestSummary(items=items, tokens=tokens)
 
     async def Speculate(self, request: pb.SpeculateRequest,
-                        context: grpc.aio.ServicerContext) -> Any:
+                        context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         # Drafting alone runs on the loop; an append waits for its commit in the pool.
         try:
             if request.HasField("append"):
@@ -414,7 +415,7 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
 
     async def SpeculateStream(
         self, request_iterator: AsyncIterator[pb.StepRequest],
-        context: grpc.aio.ServicerContext,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.SpeculateResponse]:
         """See SpeculateStream in suffixd.proto. The hot path of a verifier: per message one
         engine.step (append + draft) and one response, on the event loop."""

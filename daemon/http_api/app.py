@@ -64,7 +64,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..common.errors import EngineError, NotFound
@@ -79,7 +79,7 @@ from .requests import (
     completion_prompt,
 )
 from .session_finder import AUTO_SESSION_IDLE_S, AUTO_SESSIONS_PER_NAMESPACE, SessionFinder
-from .streams import Run, completion_body, sse_events
+from .streams import HUNG_UP, EventStream, Run, completion_body
 from .structured import RawReplies, ReplyShaper, Structure, parse_structure
 
 log = logging.getLogger("suffixd.http")
@@ -324,12 +324,8 @@ class OpenAIFront:
         shaper = ReplyShaper(structure)
         if stream:
             release = functools.partial(self._release, ns, sid, messages, shaper, auto)
-            return StreamingResponse(
-                sse_events(run, first, rid, model, chat, include_usage, meta, release,
-                           shaper),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
+            return EventStream(run, first, rid, model, chat, include_usage, meta, release,
+                               shaper)
         last = first
         shaper.feed(first.text)
         message: dict[str, Any] | None = None
@@ -411,8 +407,7 @@ async def _cancel_on_disconnect(request: Request, run: Run) -> None:
     while True:
         message = await request.receive()
         if message.get("type") == "http.disconnect":
-            log.info("client disconnected; generation cancelled",
-                     extra={"namespace": run.namespace, "session": run.session_id})
+            log.info(HUNG_UP, extra={"namespace": run.namespace, "session": run.session_id})
             run.cancel()
             return
 

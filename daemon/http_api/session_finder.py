@@ -11,7 +11,15 @@ new request continues session S when, at its last assistant message:
 1. the conversation up to and including that message has S's reply head (the agent
    resent the reply as served), or
 2. the conversation before that message has S's prompt head, and no other session has
-   that prompt head (the agent rewrote the reply, but the conversation is unambiguous);
+   that prompt head (the agent rewrote the reply, but the conversation is unambiguous), or
+3. the conversation goes on from S's prompt head after that message, with no reply in
+   between, and no other session has that prompt head (the agent dropped the reply it
+   was served, a malformed one, and asks again with a word on why), or
+4. the conversation up to and including that message is S's reply served after one of
+   S's recent earlier prompts (``_BASES``), and no other session's is (the agent dropped
+   the turns in between: text-mode coding agents answer a malformed reply with an
+   error message, and once a reply passes they keep it alone, dropping the malformed
+   replies and the error messages from their history);
 
 and S is not busy with another request. Otherwise it opens a new session. Hence:
 
@@ -54,6 +62,10 @@ from typing import Any
 # namespace keeps open (README, limits).
 AUTO_SESSION_IDLE_S = 3600.0
 AUTO_SESSIONS_PER_NAMESPACE = 1000
+# The prompt heads a session keeps (its latest requests', latest first) for rule 4: an
+# agent that drops its malformed replies and the error messages sent back after them
+# (SWE-agent asks again up to 3 times) goes on from the first of these requests.
+_BASES = 4
 
 
 def message_text(content: Any) -> str:
@@ -96,9 +108,14 @@ def digests(namespace: str, messages: Sequence[Mapping[str, Any]]) -> list[bytes
     h = hashlib.blake2b(namespace.encode("utf-8"), digest_size=16).digest()
     out = []
     for m in messages:
-        h = hashlib.blake2b(h + canonical_message(m), digest_size=16).digest()
+        h = _chain(h, m)
         out.append(h)
     return out
+
+
+def _chain(head: bytes, message: Mapping[str, Any]) -> bytes:
+    """The digest of the conversation ``head`` followed by ``message``."""
+    return hashlib.blake2b(head + canonical_message(message), digest_size=16).digest()
 
 
 @dataclass
@@ -106,6 +123,10 @@ class _Entry:
     session_id: str
     prompt_head: bytes | None = None  # digest of the latest request's messages
     reply_head: bytes | None = None  # ... and of the reply it was served
+    # the prompt heads of its latest requests (latest first, the prompt head included),
+    # and its latest reply after each earlier one (rule 4)
+    bases: tuple[bytes, ...] = ()
+    dropped_heads: tuple[bytes, ...] = ()
     busy: bool = False
     last: float = 0.0
 
@@ -127,6 +148,7 @@ class SessionFinder:
         self._by_session: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._by_reply: dict[tuple[str, bytes], tuple[str, str]] = {}
         self._by_prompt: dict[tuple[str, bytes], set[tuple[str, str]]] = {}
+        self._by_dropped: dict[tuple[str, bytes], set[tuple[str, str]]] = {}
         self.found = 0  # requests that continued a session
         self.opened = 0  # requests that opened one
 
@@ -174,19 +196,31 @@ class SessionFinder:
                 self.on_drop(ns, sid)
 
     def _match(self, ns: str, ds: list[bytes], at: int) -> tuple[str, str] | None:
+        """The session the conversation ``ds`` continues, by the rules of the module
+        docstring in their order; ``at``: its last assistant message."""
         key = self._by_reply.get((ns, ds[at]))
         if key is not None:
             entry = self._by_session.get(key)
             if entry is not None and not entry.busy and entry.reply_head == ds[at]:
                 return key
-        if at == 0:
-            return None
-        keys = self._by_prompt.get((ns, ds[at - 1]), set())
+        if at > 0 and (key := self._only(ns, ds[at - 1], self._by_prompt)) is not None:
+            return key
+        # Rule 3, from the longest: the prompt goes on past S's with no reply of S's; a
+        # resent prompt with nothing after it is a retry of the turn, which forks.
+        for j in range(len(ds) - 2, at - 1, -1):
+            if (key := self._only(ns, ds[j], self._by_prompt)) is not None:
+                return key
+        return self._only(ns, ds[at], self._by_dropped)
+
+    def _only(self, ns: str, head: bytes,
+              index: dict[tuple[str, bytes], set[tuple[str, str]]]) -> tuple[str, str] | None:
+        """The one session ``index`` holds for ``head``, when it is not busy."""
+        keys = index.get((ns, head), set())
         if len(keys) != 1:
             return None  # nobody, or ambiguous: only the reply could tell them apart
         (key,) = keys
         entry = self._by_session.get(key)
-        if entry is None or entry.busy or entry.prompt_head != ds[at - 1]:
+        if entry is None or entry.busy:
             return None
         return key
 
@@ -212,8 +246,12 @@ class SessionFinder:
             ds = digests(namespace, [*messages, message])
             self._unindex(key, entry)
             entry.prompt_head, entry.reply_head = ds[-2], ds[-1]
+            entry.bases = (ds[-2], *entry.bases)[:_BASES]
+            entry.dropped_heads = tuple(_chain(b, message) for b in entry.bases[1:])
             self._by_reply[(namespace, entry.reply_head)] = key
             self._by_prompt.setdefault((namespace, entry.prompt_head), set()).add(key)
+            for head in entry.dropped_heads:
+                self._by_dropped.setdefault((namespace, head), set()).add(key)
 
     def forget(self, namespace: str, session_id: str) -> None:
         with self._lock:
@@ -226,12 +264,14 @@ class SessionFinder:
         ns = key[0]
         if entry.reply_head is not None and self._by_reply.get((ns, entry.reply_head)) == key:
             del self._by_reply[(ns, entry.reply_head)]
-        if entry.prompt_head is not None:
-            keys = self._by_prompt.get((ns, entry.prompt_head))
+        heads = [(self._by_prompt, entry.prompt_head)] if entry.prompt_head is not None else []
+        heads += [(self._by_dropped, head) for head in entry.dropped_heads]
+        for index, head in heads:
+            keys = index.get((ns, head))
             if keys is not None:
                 keys.discard(key)
                 if not keys:
-                    del self._by_prompt[(ns, entry.prompt_head)]
+                    del index[(ns, head)]
 
     def _drop(self, key: tuple[str, str], closing: bool = False) -> None:
         entry = self._by_session.pop(key, None)

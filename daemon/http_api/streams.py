@@ -3,9 +3,9 @@ event loop, and the chunks as a JSON body or as server-sent events.
 
 Interface: ``Run(generation, req, prompt, loop)`` (``start()`` the worker thread,
 ``await next()`` the next chunk, ``cancel()`` between two steps); ``completion_body``
-(the JSON of an answer that is not streamed); ``sse_events`` (the event stream of one
-that is); ``usage`` and ``draft_stats`` (what every answer reports: OpenAI's ``usage``,
-and the ``suffixd`` object with the draft counts by source).
+(the JSON of an answer that is not streamed); ``EventStream`` (the response of one that
+is: ``sse_events``, its event stream); ``usage`` and ``draft_stats`` (what every answer
+reports: OpenAI's ``usage``, and the ``suffixd`` object with the draft counts by source).
 """
 
 from __future__ import annotations
@@ -13,15 +13,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from ..generation.pipeline import Generation, GenerationRequest
 from ..generation.verifier import Chunk
 from .requests import ApiError, api_error
 from .structured import ReplyShaper
+
+log = logging.getLogger("suffixd.http")
+
+# Logged once per request whose client hung up before its answer was complete, streamed
+# or not (app._cancel_on_disconnect for an answer that is not streamed).
+HUNG_UP = "client disconnected; generation cancelled"
 
 
 def _merged(chunks: list[Chunk], last: Chunk) -> Chunk:
@@ -112,15 +122,14 @@ def completion_body(rid: str, model: str, chat: bool, text: str, last: Chunk,
 
 async def sse_events(run: Run, first: Chunk, rid: str, model: str, chat: bool,
                      include_usage: bool, meta: dict[str, Any],
-                     release: Callable[[dict[str, Any] | None], None] | None,
-                     shaper: ReplyShaper) -> AsyncIterator[bytes]:
+                     end: Callable[[dict[str, Any] | None, bool], None],
+                     shaper: ReplyShaper) -> AsyncGenerator[bytes, None]:
     """The server-sent events of a streamed answer, from its first chunk on, ending in
     ``data: [DONE]``; an error after the headers goes in the stream as an error object.
     Each step's text goes out as ``shaper`` allows: content (with tools, up to where a call
     may begin), and tool calls as OpenAI streams them (a call's id, type and name first,
-    with arguments "", then its arguments as they are generated). At the end the run is
-    cancelled and ``release`` (when given) gets the reply message, or None when it did
-    not finish."""
+    with arguments "", then its arguments as they are generated). At the end ``end`` gets
+    the reply message (None when it did not finish) and whether the client hung up."""
     created = int(time.time())
     obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -137,6 +146,7 @@ async def sse_events(run: Run, first: Chunk, rid: str, model: str, chat: bool,
 
     chunk: Chunk | None = first
     message: dict[str, Any] | None = None
+    hung_up = False
     try:
         if chat:
             yield event([choice({"role": "assistant", "content": ""}, None)])
@@ -160,10 +170,53 @@ async def sse_events(run: Run, first: Chunk, rid: str, model: str, chat: bool,
                 yield b"data: " + json.dumps(err.body()).encode() + b"\n\n"
                 break
         yield b"data: [DONE]\n\n"
+    except (asyncio.CancelledError, GeneratorExit):
+        # Starlette cancels the response once the client hangs up, or it closes these
+        # events after a send failed (EventStream)
+        hung_up = True
+        raise
     finally:
-        run.cancel()
-        if release is not None:
-            release(message)
+        end(message, hung_up)
+
+
+class EventStream(StreamingResponse):
+    """The response of a streamed answer: ``sse_events``. However it ends, the run is
+    cancelled and ``release`` (when given) gets the reply message once (None when it did
+    not finish), and a client that hung up before the end is logged once."""
+
+    def __init__(self, run: Run, first: Chunk, rid: str, model: str, chat: bool,
+                 include_usage: bool, meta: dict[str, Any],
+                 release: Callable[[dict[str, Any] | None], None] | None,
+                 shaper: ReplyShaper) -> None:
+        self._run, self._release, self._ended = run, release, False
+        self._events = sse_events(run, first, rid, model, chat, include_usage, meta,
+                                  self._end, shaper)
+        super().__init__(self._events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def _end(self, message: dict[str, Any] | None, hung_up: bool) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._run.cancel()
+        if hung_up:
+            log.info(HUNG_UP, extra={"namespace": self._run.namespace,
+                                     "session": self._run.session_id})
+        if self._release is not None:
+            self._release(message)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                # Events suspended at a yield whose send was cancelled end now, not once
+                # the response is collected.
+                await self._events.aclose()
+            finally:
+                # Events that never started (the client left before the first send) run
+                # no code of their own: they end here.
+                self._end(None, True)
 
 
 def usage(last: Chunk) -> dict[str, Any]:

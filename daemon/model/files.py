@@ -27,11 +27,12 @@ def embedded_model_path(cache_dir: str | Path | None = None) -> Path:
 
     target = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target.mkdir(parents=True, exist_ok=True)
-    path = target / embedded.MODEL_NAME
+    name: str = embedded.MODEL_NAME
+    path = target / name
     if path.exists() and path.stat().st_size > 0:
         return path
     # Assemble into a temporary name first so a crash never leaves a truncated model behind.
-    tmp = target / (embedded.MODEL_NAME + f".tmp{os.getpid()}")
+    tmp = target / (name + f".tmp{os.getpid()}")
     embedded.assemble(tmp, overwrite=True)
     os.replace(tmp, path)
     return path

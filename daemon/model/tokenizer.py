@@ -19,31 +19,40 @@ class Tokenizer:
 
     def __init__(self, model_path: str | Path) -> None:
         import llama_cpp
+        from llama_cpp import _internals
 
+        from .llama_log import route_llama_logs
+
+        route_llama_logs()
+        llama_cpp.llama_backend_init()
         self.model_path = Path(model_path)
-        self._llama = llama_cpp.Llama(
-            model_path=str(self.model_path), vocab_only=True, verbose=False
+        # The model alone, vocabulary only: llama_cpp.Llama would add a context too, which
+        # on a vocab-only model (trained length 0) warns of a context overflow at every start.
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        self._model = _internals.LlamaModel(
+            path_model=str(self.model_path), params=params, verbose=False
         )
 
     @property
     def vocab_size(self) -> int:
-        return int(self._llama.n_vocab())
+        return int(self._model.n_vocab())
 
     def tokenize(self, text: str) -> list[int]:
         if not text:
             return []
         import llama_cpp
 
-        # Not Llama.tokenize: it sizes its buffer by n_ctx_train, which is 0 for a
+        # Not LlamaModel.tokenize: it sizes its buffer by n_ctx_train, which is 0 for a
         # vocab-only model, so every call tokenized twice (first to learn the size).
         # A text never has more tokens than UTF-8 bytes (byte fallback is the worst case).
         data = text.encode("utf-8")
         cap = len(data) + 1
         buf = (llama_cpp.llama_token * cap)()
-        vocab = self._llama._model.vocab
+        vocab = self._model.vocab
         n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, False, False)
         if n < 0:  # cannot happen by the bound above; fall back rather than truncate
-            return self._llama.tokenize(data, add_bos=False, special=False)
+            return list(self._model.tokenize(data, add_bos=False, special=False))
         return buf[:n]
 
     def detokenize(self, tokens: Sequence[int]) -> str:
@@ -51,7 +60,7 @@ class Tokenizer:
         bytes one piece at a time: quadratic, 38 s for a million ids), with each token's
         piece looked up once and kept."""
         pieces = self._pieces
-        out = b"".join(pieces[t] if pieces[t] is not None else self._piece(t) for t in tokens)
+        out = b"".join(p if (p := pieces[t]) is not None else self._piece(t) for t in tokens)
         # As llama-cpp-python: the space a BOS-started text gains is not part of it.
         if tokens and tokens[0] == self._bos and out[:1] == b" ":
             out = out[1:]
@@ -63,14 +72,14 @@ class Tokenizer:
 
     @cached_property
     def _bos(self) -> int:
-        return int(self._llama._model.token_bos())
+        return int(self._model.token_bos())
 
     def _piece(self, token: int) -> bytes:
         import ctypes
 
         import llama_cpp
 
-        vocab = self._llama._model.vocab
+        vocab = self._model.vocab
         size = 64
         while True:
             buf = ctypes.create_string_buffer(size)
@@ -92,7 +101,7 @@ class Tokenizer:
         h = hashlib.sha256()
         h.update(str(self.vocab_size).encode())
         for token_id in range(self.vocab_size):
-            piece = self._llama._model.token_get_text(token_id)
+            piece = self._model.token_get_text(token_id)
             h.update(
                 piece.encode("utf-8", errors="surrogatepass") if isinstance(piece, str) else piece
             )

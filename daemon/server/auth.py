@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 import grpc.aio
+
+# Either kind of method handler (the interceptor passes any through or denies it)
+_Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 # Health checks stay open so load balancers and orchestrators can probe the daemon
 # without holding the secret; they reveal nothing but SERVING / NOT_SERVING.
 OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 
 
-def _deny(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+def _deny(handler: _Handler, message: str) -> _Handler:
     # A coroutine for every kind of method (for a response-streaming one, aio takes a
     # coroutine that writes nothing as the reader/writer style): it only aborts.
-    async def abort(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def abort(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     if handler.request_streaming and handler.response_streaming:
@@ -44,9 +47,9 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails],
-                               Awaitable[grpc.RpcMethodHandler | None]],
+                               Awaitable[_Handler | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
+    ) -> _Handler | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method in OPEN_METHODS:
             return handler

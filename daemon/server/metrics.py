@@ -380,7 +380,7 @@ def register(server: Any, engine: Any) -> list[str]:
                 (data_dir / "metrics.addr").unlink()
         return []
     try:
-        ms = start_metrics(engine, addr, bool(cfg.extra.get("metrics_namespaces")))
+        ms = start_metrics(engine, addr, bool(getattr(cfg, "extra", {}).get("metrics_namespaces")))
     except (OSError, ValueError) as exc:
         from .serve_config import ServeError
 

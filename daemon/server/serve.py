@@ -41,6 +41,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ..common.config import default_socket_path
+from ..grpc_api.registrar import ServiceRegistrar
 from .auth import BearerTokenInterceptor
 from .datadir import DataDirLock, owner_only, write_private
 from .loop_server import LoopServer
@@ -64,7 +65,7 @@ EXTRA_SERVICES: list[str] = [
 GENERATOR_SERVICE = "suffixd.v1.Generator"  # NOT_SERVING in gRPC health until ready
 
 
-def _load_extra(spec: str) -> Callable[[grpc.Server, Any], list[str] | None] | None:
+def _load_extra(spec: str) -> Callable[[ServiceRegistrar, Any], list[str] | None] | None:
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -72,7 +73,7 @@ def _load_extra(spec: str) -> Callable[[grpc.Server, Any], list[str] | None] | N
         if exc.name == module_name:
             return None
         raise
-    fn: Callable[[grpc.Server, Any], list[str] | None] = getattr(module, attr)
+    fn: Callable[[ServiceRegistrar, Any], list[str] | None] = getattr(module, attr)
     return fn
 
 
@@ -304,9 +305,10 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     cfg.data_dir = Path(cfg.data_dir).expanduser()
-    log.info("starting", extra={"data_dir": str(cfg.data_dir), "pid": os.getpid()})
     cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     preflight(cfg)  # seconds before the model loads and the trees rebuild
+    # after the preflight: a mistake it finds is the one line the command prints
+    log.info("starting", extra={"data_dir": str(cfg.data_dir), "pid": os.getpid()})
     owner_only(cfg.data_dir)
     if cfg.insecure:
         log.warning("--insecure: TCP and HTTP listeners accept anyone who can reach them, "
