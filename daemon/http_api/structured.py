@@ -335,7 +335,7 @@ def _object_root(schema: Mapping[str, Any]) -> bool:
     """Whether a schema's root is an object: ``"type": "object"``, or no type and nothing
     that makes it another kind of value (``{}`` and ``{"properties": ...}`` are objects)."""
     if "type" in schema:
-        return schema["type"] == "object"
+        return bool(schema["type"] == "object")
     return not any(k in schema for k in _NOT_OBJECT_ROOT)
 
 
