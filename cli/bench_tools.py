@@ -1,5 +1,15 @@
 """`suffixd bench tools`: a tool-calling agent through the OpenAI endpoint, side by side
-with llama-server on the same rendered prompts and the same grammar.
+with llama-server, in two comparisons (labelled in the output):
+
+* **same grammar** (``ls-*``): llama-server is fed the very prompt tokens and GBNF grammar
+  the daemon builds for the request (the daemon's own ``Structure`` and chat renderer, in
+  this process) on ``/completion``, and its text parsed by the daemon's parser: the same
+  constrained decoding on both sides, to compare the decoding alone;
+* **native** (``ls-*-native``, ``--ls-native``): llama-server gets the same OpenAI request
+  on its own ``/v1/chat/completions`` (``--jinja``) and builds its own prompt, grammar and
+  parsed ``tool_calls`` from a chat template: the model's own, or for a GGUF without one
+  (the embedded gemma-3-270m) ``--ls-chat-template`` (default
+  bench/fixtures/gemma3_chat_template.jinja, gemma-3's turns with tools written by us).
 
 The recorded SWE-bench agent sessions (a THOUGHT and one bash block per turn) become
 OpenAI tool calling (``to_tool_calls``): one ``bash`` tool; each recorded assistant turn
@@ -7,18 +17,42 @@ its thought as content and its command as a ``bash`` call; the command's output 
 user message) a ``tool`` result; the system prompt asks for the tool instead of the
 block. Every turn sends the conversation so far (the recorded history, as the replay
 protocol has it) with ``tools=[bash]``, ``tool_choice: required``, no parallel calls,
-greedy, up to ``--max-tokens``:
+greedy, up to ``--max-tokens``; suffixd gets it through the official ``openai`` client,
+its session named (``X-Suffixd-Session``), as an agent that resends recorded history
+would need.
 
-* suffixd: ``/v1/chat/completions`` with the official ``openai`` client; the session is
-  named (``X-Suffixd-Session``), as an agent that resends recorded history would need;
-* llama-server (its plain decoding and/or n-gram speculation, prompt cache on): the very
-  prompt tokens and grammar the daemon builds for the request (the daemon's own
-  ``Structure`` and chat renderer, in this process) on ``/completion``, and its text
-  parsed by the daemon's parser.
+What llama-server does with tools (the llama.cpp it is built from: common/chat.cpp and the
+chat auto-parser, common/chat-diff-analyzer.cpp and chat-auto-parser-generator.cpp):
+
+* A GGUF without a template and no ``--chat-template``: it falls back to ChatML
+  (``<|im_start|>role``), not the model's turns.
+* Tools are handled only by a template that renders tool calls (the Jinja capability
+  probe: does rendering read ``messages[i].tool_calls``). It renders the template with and
+  without a probe call and reads the call's layout off the difference (whole JSON objects,
+  tags with JSON arguments, or tagged arguments; section and per-call markers), then
+  builds a PEG parser and a GBNF grammar whose arguments follow the tool's schema through
+  llama.cpp's own converter (json-schema-to-grammar.cpp). With ``tool_choice: required``
+  the grammar holds from the first token: free text up to the call marker, then the
+  call(s). There is no generic JSON fallback any more (older llama.cpp had one): a
+  template without tool calls (ChatML included) gets no grammar even when a call is
+  required, no tool list in the prompt, earlier calls rendered as empty turns, and no
+  parsed ``tool_calls``, only content. With per-call markers (one ``<tool_call>`` block
+  per call, as Hermes/Qwen write them) the grammar takes one or more calls whatever
+  ``parallel_tool_calls`` says; our gemma-3 template writes a turn's calls as a JSON list
+  in one section, which llama.cpp limits to one call when ``parallel_tool_calls`` is
+  false.
+
+So the two sides differ in the native comparison by more than the decoding: suffixd's
+generic format renders a call turn as its JSON alone (``{"tool_call": ...}``) and holds the
+whole reply to that JSON; llama-server's prompt keeps each turn's thought before the call,
+and its grammar lets the model write a thought first, which ``--max-tokens`` may cut
+before the call.
 
 Systems take turns, turn by turn. Reported per system: session wall time (mean over
-sessions), turn mean and p95, decode tok/s, tokens per verifier step, calls parsed; and
-how many turns gave the same call on both sides.
+sessions), turn mean and p95, decode tok/s, tokens per verifier step, calls parsed (a
+call whose arguments are whole JSON: a reply cut by ``--max-tokens`` inside a call has
+none), replies cut by ``--max-tokens``; and per comparison, how many turns gave the same
+call (name and arguments) as suffixd.
 """
 
 from __future__ import annotations
@@ -30,7 +64,9 @@ import signal
 import subprocess
 import tempfile
 import time
+import urllib.request
 import zlib
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -52,6 +88,14 @@ SYSTEM = ("You are a helpful assistant that can interact multiple times with a c
           "shell to solve programming tasks. Call the bash tool with exactly one command "
           "(or commands connected with && or ||) per turn; explain your reasoning before.")
 _BLOCK = re.compile(r"```bash\s*\n(.*?)```", re.S)
+
+
+# For a GGUF without its own chat template (bench/, not installed: the bench runs from a
+# checkout, as bench/build_llama_server.sh does).
+GEMMA3_TEMPLATE = Path(__file__).resolve().parents[1] / "bench" / "fixtures" / \
+    "gemma3_chat_template.jinja"
+SAME_GRAMMAR = "same grammar"
+NATIVE = "native"
 
 
 def to_tool_calls(session: str, messages: list[dict[str, str]]) -> list[dict[str, Any]]:
@@ -82,19 +126,85 @@ def to_tool_calls(session: str, messages: list[dict[str, str]]) -> list[dict[str
     return out
 
 
+def first_turns(turns: Sequence[tuple[str, Any]], n: int) -> list[tuple[str, Any]]:
+    """Each session's first ``n`` of ``turns`` (in order, as ``load_session_turns`` gives
+    them)."""
+    seen: dict[str, int] = {}
+    out = []
+    for t in turns:
+        seen[t[0]] = seen.get(t[0], 0) + 1
+        if seen[t[0]] <= n:
+            out.append(t)
+    return out
+
+
+def whole_calls(calls: Iterable[tuple[str, str]]) -> list[tuple[str, Any]]:
+    """(name, arguments) of the calls whose arguments text is whole JSON, parsed, in
+    order: both servers hand back a call cut by max_tokens with its arguments as far as
+    they were written, which is no call an agent could run."""
+    out: list[tuple[str, Any]] = []
+    for name, arguments in calls:
+        try:
+            out.append((name, json.loads(arguments)))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def message_calls(message: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(name, arguments text) of an OpenAI chat message's ``tool_calls``."""
+    return [(str(c["function"]["name"]), str(c["function"].get("arguments") or ""))
+            for c in message.get("tool_calls") or ()]
+
+
+def chat_template_args(model_template: str, template_file: Path | None) -> list[str]:
+    """llama-server's chat template options for the native comparison: ``template_file``
+    when given, else the GGUF's own template, else our gemma-3 one (llama-server would
+    fall back to ChatML, which handles no tools)."""
+    if template_file is None and model_template:
+        return ["--jinja"]
+    path = template_file or GEMMA3_TEMPLATE
+    if not path.is_file():
+        raise click.ClickException(f"{path}: no such template (run from a checkout, or "
+                                   "pass --ls-chat-template)")
+    return ["--jinja", "--chat-template-file", str(path)]
+
+
+def _ls_chat(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=900) as r:
+        out: dict[str, Any] = json.loads(r.read())
+    return out
+
+
 @click.command("tools")
 @click.argument("workload", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--sessions", default=2, show_default=True, help="Sessions to replay, whole.")
+@click.option("--sessions", default=2, show_default=True, help="Sessions to replay.")
+@click.option("--turns-per-session", "turns_per_session", default=0, show_default=True,
+              help="Only each session's first N assistant turns (0: all; on a busy machine).")
 @click.option("--max-tokens", default=64, show_default=True, help="Tokens generated per turn.")
 @click.option("--model", default=None, help="GGUF path or packaged name (default: embedded).")
 @click.option("--threads", default=2, show_default=True)
 @click.option("--ctx-size", default=32768, show_default=True,
               help="Context per session (capped at the model's trained length).")
 @llama_server_options
+@click.option("--ls-same-grammar/--no-ls-same-grammar", "ls_same_grammar", default=True,
+              show_default=True,
+              help="llama-server fed suffixd's own prompt tokens and grammar (/completion).")
+@click.option("--ls-native/--no-ls-native", "ls_native", default=False, show_default=True,
+              help="llama-server on its own /v1/chat/completions with the same request: its "
+                   "own template, grammar and parsed calls.")
+@click.option("--ls-chat-template", "ls_chat_template", default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Jinja chat template for --ls-native [default: the model's own, else "
+                   "bench/fixtures/gemma3_chat_template.jinja].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def tools_bench(workload: Path, sessions: int, max_tokens: int, model: str | None,
+def tools_bench(workload: Path, sessions: int, turns_per_session: int, max_tokens: int,
+                model: str | None,
                 threads: int, ctx_size: int, llama_server: str | None, spec_types: str | None,
-                ls_flash_attn: str, ls_plain: bool, as_json: bool) -> None:
+                ls_flash_attn: str, ls_plain: bool, ls_same_grammar: bool, ls_native: bool,
+                ls_chat_template: Path | None, as_json: bool) -> None:
     """Replay WORKLOAD's sessions as a tool-calling agent, through the endpoint."""
     import openai
 
@@ -107,7 +217,12 @@ def tools_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
     from .bench_http import _start_daemon
     from .llama_server import start_servers
 
+    if llama_server and not (ls_same_grammar or ls_native):
+        raise click.ClickException("--no-ls-same-grammar without --ls-native leaves "
+                                   "llama-server nothing to run")
     todo = load_session_turns(workload, sessions)
+    if turns_per_session > 0:
+        todo = first_turns(todo, turns_per_session)
     if not todo:
         raise click.ClickException(f"{workload}: no assistant turns")
     model_path = resolve_model_path(model)
@@ -115,17 +230,30 @@ def tools_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
     renderer_v = Verifier(model_path, n_ctx=256, n_slots=1, n_threads=1)
     renderer = ChatRenderer(renderer_v)
     n_ctx = min(ctx_size, renderer_v.n_ctx_train)
+    template_args = chat_template_args(renderer.template, ls_chat_template)
     tmp = Path(tempfile.mkdtemp(prefix="suffixd-bench-tools-"))
     servers: dict[str, Any] = {}
+    mode: dict[str, str] = {}  # llama-server system -> its comparison
     proc = None
     systems = ["suffixd"]
     stats: dict[str, dict[str, Any]] = {}
-    same = compared = skipped = ls_only = 0
+    same = {SAME_GRAMMAR: 0, NATIVE: 0}
+    compared = {SAME_GRAMMAR: 0, NATIVE: 0}
+    ls_only = {SAME_GRAMMAR: 0, NATIVE: 0}
+    skipped = 0
     try:
         if llama_server:
-            servers = start_servers(llama_server, model_path, threads=threads, n_ctx=n_ctx,
-                                    spec_types_wanted=spec_types, flash_attn=ls_flash_attn,
-                                    plain=ls_plain)
+            kw: dict[str, Any] = {"threads": threads, "n_ctx": n_ctx,
+                                  "spec_types_wanted": spec_types, "flash_attn": ls_flash_attn,
+                                  "plain": ls_plain}
+            if ls_same_grammar:
+                for name, srv in start_servers(llama_server, model_path, **kw).items():
+                    servers[name], mode[name] = srv, SAME_GRAMMAR
+            if ls_native:
+                native = start_servers(llama_server, model_path, extra_args=template_args,
+                                       **kw)
+                for name, srv in native.items():
+                    servers[name + "-native"], mode[name + "-native"] = srv, NATIVE
             systems += list(servers)
         proc, target, base_url = _start_daemon(tmp / "data", model, threads, ctx_size)
         client = Client(target)
@@ -137,7 +265,7 @@ def tools_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
         client.close()
         oai = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=900)
         stats = {s: {"session_s": {}, "turn_s": [], "tokens": 0, "decode_s": 0.0,
-                     "steps": 0, "calls": 0, "turns": 0} for s in systems}
+                     "steps": 0, "calls": 0, "cut": 0, "turns": 0} for s in systems}
         for n, (session, recorded) in enumerate(todo):
             messages = to_tool_calls(session, recorded)
             body = {"messages": messages, "tools": [BASH], "tool_choice": "required",
@@ -150,7 +278,7 @@ def tools_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
                 skipped += 1
                 continue
             gbnf = structure.grammar()
-            calls: dict[str, Any] = {}
+            calls: dict[str, list[tuple[str, Any]]] = {}
             order = systems if n % 2 == 0 else systems[::-1]
             for system in order:
                 st = stats[system]
@@ -168,9 +296,19 @@ def tools_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
                     tokens = r.usage.completion_tokens if r.usage else 0
                     decode_s = float(extra.get("decode_seconds", 0.0))
                     steps = int(extra.get("steps", 0))
-                    got = [(c.function.name, json.loads(c.function.arguments))
-                           for c in r.choices[0].message.tool_calls or ()
-                           if c.type == "function"]  # the only kind the daemon answers
+                    got = whole_calls((c.function.name, c.function.arguments)
+                                      for c in r.choices[0].message.tool_calls or ()
+                                      if c.type == "function")  # the only kind answered
+                elif mode[system] == NATIVE:
+                    answer = _ls_chat(servers[system].url, {
+                        **body, "temperature": 0.0, "max_tokens": max_tokens,
+                        "cache_prompt": True})
+                    wall = time.perf_counter() - t0
+                    t = answer.get("timings", {})
+                    tokens = int(t.get("predicted_n", 0))
+                    decode_s = float(t.get("predicted_ms", 0.0)) / 1e3
+                    steps = max(1, tokens - int(t.get("draft_n_accepted", 0) or 0))
+                    got = whole_calls(message_calls(answer["choices"][0]["message"]))
                 else:
                     turn = servers[system].complete(prompt, max_tokens, grammar=gbnf)
                     wall = time.perf_counter() - t0
@@ -178,19 +316,21 @@ def tools_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
                     steps = max(1, turn.predicted_n - turn.accepted)
                     assert structure.fmt is not None
                     parsed = structure.fmt.parse(renderer_v.detokenize(turn.tokens))
-                    got = [(c.name, json.loads(c.arguments)) for c in parsed.calls]
+                    got = whole_calls((c.name, c.arguments) for c in parsed.calls)
                 st["turn_s"].append(wall)
                 st["session_s"][session] = st["session_s"].get(session, 0.0) + wall
                 st["tokens"] += tokens
                 st["decode_s"] += decode_s
                 st["steps"] += steps
                 st["calls"] += int(bool(got))
+                st["cut"] += int(tokens >= max_tokens)
                 st["turns"] += 1
                 calls[system] = got
             for system in systems[1:]:
-                compared += 1
-                same += int(calls[system] == calls["suffixd"])
-                ls_only += int(bool(calls[system]) and not calls["suffixd"])
+                m = mode[system]
+                compared[m] += 1
+                same[m] += int(calls[system] == calls["suffixd"])
+                ls_only[m] += int(bool(calls[system]) and not calls["suffixd"])
     finally:
         for srv in servers.values():
             srv.close()
@@ -205,7 +345,10 @@ def tools_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
 
     out: dict[str, Any] = {"workload": str(workload), "sessions": len({s for s, _ in todo}),
                            "turns": len(todo), "skipped_turns": skipped, "n_ctx": n_ctx,
-                           "max_tokens": max_tokens, "threads": threads}
+                           "max_tokens": max_tokens, "threads": threads,
+                           "ls_comparison": mode}
+    if any(m == NATIVE for m in mode.values()):
+        out["ls_native_args"] = template_args
     for s in systems:
         st = stats[s]
         walls = list(st["session_s"].values())
@@ -216,28 +359,41 @@ def tools_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
             else 0.0
         out[f"{s}_tokens_per_step"] = round(st["tokens"] / max(1, st["steps"]), 3)
         out[f"{s}_calls_parsed"] = f"{st['calls']}/{st['turns']}"
-    if len(systems) > 1:
-        fastest = min(systems[1:], key=lambda s: out[f"{s}_session_wall_s"] or 1e18)
-        out["ls_fastest"] = fastest
-        out["suffixd_session_wall_vs_ls_fastest"] = round(
+        out[f"{s}_cut_by_max_tokens"] = st["cut"]
+    # same-grammar keys as before the native comparison, native ones with "native" in them
+    for m, tag in ((SAME_GRAMMAR, "ls"), (NATIVE, "ls_native")):
+        group = [s for s in systems[1:] if mode[s] == m]
+        if not group:
+            continue
+        fastest = min(group, key=lambda s: out[f"{s}_session_wall_s"] or 1e18)
+        out[f"{tag}_fastest"] = fastest
+        out[f"suffixd_session_wall_vs_{tag}_fastest"] = round(
             out["suffixd_session_wall_s"] / max(out[f"{fastest}_session_wall_s"], 1e-9), 4)
-        out["suffixd_decode_vs_ls_fastest"] = round(
+        out[f"suffixd_decode_vs_{tag}_fastest"] = round(
             out["suffixd_decode_tok_s"] / max(out[f"{fastest}_decode_tok_s"], 1e-9), 4)
-        out["same_call"] = f"{same}/{compared}"
+        suffix = "" if m == SAME_GRAMMAR else "_native"
+        out[f"same_call{suffix}"] = f"{same[m]}/{compared[m]}"
         # turns where a llama-server system gave a call and suffixd none
-        out["calls_parsed_by_llama_server_only"] = ls_only
+        out[f"calls_parsed_by_llama_server{suffix}_only"] = ls_only[m]
     if as_json:
         click.echo(json.dumps(out))
         return
     click.echo(f"{workload.name} as tool calls: {out['sessions']} sessions, {out['turns']} "
                f"turns ({skipped} do not fit {n_ctx}), {max_tokens} tokens max")
-    click.echo(f"{'system':<14} {'session s':>10} {'turn s':>8} {'p95 s':>7} "
-               f"{'decode tok/s':>13} {'tok/step':>9} {'calls':>9}")
+    if any(m == NATIVE for m in mode.values()):
+        click.echo("llama-server native: " + " ".join(template_args))
+    click.echo(f"{'system':<21} {'comparison':<13} {'session s':>10} {'turn s':>8} "
+               f"{'p95 s':>7} {'decode tok/s':>13} {'tok/step':>9} {'calls':>9} {'cut':>4}")
     for s in systems:
-        click.echo(f"{s:<14} {out[f'{s}_session_wall_s']:>10.2f} {out[f'{s}_turn_s']:>8.3f} "
-                   f"{out[f'{s}_turn_p95_s']:>7.3f} {out[f'{s}_decode_tok_s']:>13.2f} "
-                   f"{out[f'{s}_tokens_per_step']:>9.2f} {out[f'{s}_calls_parsed']:>9}")
-    for k in ("suffixd_session_wall_vs_ls_fastest", "suffixd_decode_vs_ls_fastest",
-              "same_call", "calls_parsed_by_llama_server_only"):
-        if k in out:
-            click.echo(f"{k}: {out[k]}")
+        click.echo(f"{s:<21} {mode.get(s, '-'):<13} {out[f'{s}_session_wall_s']:>10.2f} "
+                   f"{out[f'{s}_turn_s']:>8.3f} {out[f'{s}_turn_p95_s']:>7.3f} "
+                   f"{out[f'{s}_decode_tok_s']:>13.2f} {out[f'{s}_tokens_per_step']:>9.2f} "
+                   f"{out[f'{s}_calls_parsed']:>9} {out[f'{s}_cut_by_max_tokens']:>4}")
+    for label, suffix, tag in ((SAME_GRAMMAR, "", "ls"), (NATIVE, "_native", "ls_native")):
+        if f"same_call{suffix}" not in out:
+            continue
+        click.echo(f"{label}: suffixd/{out[f'{tag}_fastest']} session wall "
+                   f"{out[f'suffixd_session_wall_vs_{tag}_fastest']}x, decode "
+                   f"{out[f'suffixd_decode_vs_{tag}_fastest']}x; same call "
+                   f"{out[f'same_call{suffix}']}; a call from llama-server only "
+                   f"{out[f'calls_parsed_by_llama_server{suffix}_only']}")

@@ -56,14 +56,16 @@ def plain_of(name: str) -> str:
 
 def start_servers(binary: str | Path, model: str | Path, *, threads: int, n_ctx: int,
                   spec_types_wanted: str | None, flash_attn: str,
-                  plain: bool = True, n_parallel: int = 1) -> dict[str, LlamaServer]:
+                  plain: bool = True, n_parallel: int = 1,
+                  extra_args: Sequence[str] = ()) -> dict[str, LlamaServer]:
     """llama-server plain and with each n-gram type (``spec_types_wanted``: "T1,T2", or None
     for every type it offers), ready, keyed by the name the benches report ("ls-plain",
     "ls-ngram-mod"). ``flash_attn`` "both" runs each twice, its default (auto: on for the
     CPU) and off ("ls-plain-fa-off"): suffixd's verifier runs without flash attention, and
     on some models llama-server decodes faster without it too, so its best configuration
     is taken over both. ``plain`` False leaves plain decoding out. ``n_parallel``: slots
-    per server (``n_ctx`` is then each slot's context, see ``LlamaServer``)."""
+    per server (``n_ctx`` is then each slot's context, see ``LlamaServer``); ``extra_args``
+    go to every server's command line."""
     if spec_types_wanted:
         types = [t.strip() for t in spec_types_wanted.split(",") if t.strip()]
     else:
@@ -76,7 +78,7 @@ def start_servers(binary: str | Path, model: str | Path, *, threads: int, n_ctx:
                 name = "ls-" + (t or "plain") + ("-fa-off" if fa == "off" else "")
                 servers[name] = LlamaServer(binary, model, threads=threads, n_ctx=n_ctx,
                                             spec_type=t, flash_attn=fa,
-                                            n_parallel=n_parallel)
+                                            n_parallel=n_parallel, extra_args=extra_args)
         for srv in servers.values():
             srv.wait_ready()
     except BaseException:
@@ -110,8 +112,10 @@ class LlamaServer:
 
     def __init__(self, binary: str | Path, model: str | Path, *, threads: int, n_ctx: int,
                  spec_type: str | None = None, flash_attn: str = "auto",
-                 log_path: Path | None = None, n_parallel: int = 1) -> None:
-        """``n_ctx`` 0: the model's trained context; ``flash_attn``: its ``-fa`` setting.
+                 log_path: Path | None = None, n_parallel: int = 1,
+                 extra_args: Sequence[str] = ()) -> None:
+        """``n_ctx`` 0: the model's trained context; ``flash_attn``: its ``-fa`` setting;
+        ``extra_args`` appended to its command line.
         ``n_parallel`` slots (``-np``): llama-server divides ``-c`` among them, so ``-c`` is
         ``n_ctx`` × ``n_parallel`` and ``n_ctx`` each slot's context (then not 0)."""
         if n_parallel < 1 or (n_parallel > 1 and n_ctx <= 0):
@@ -126,6 +130,7 @@ class LlamaServer:
             args += ["--spec-type", spec_type]
         if not extra_weight_buffers():
             args.append("--no-repack")  # as suffixd's verifier (see extra_weight_buffers)
+        args += extra_args
         self._log = open(log_path or "/dev/null", "ab")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.port}"
