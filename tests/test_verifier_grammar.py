@@ -1,7 +1,8 @@
 """Constrained decoding with speculation, on the real model: drafts never change what a
 grammar-constrained generation gives (greedy up to certified near-ties, sampled token for
-token with the same seed), a draft token the grammar forbids is never verified, and the
-sampled first token follows the constrained distribution."""
+token with the same seed up to a certified near-tied race), a draft token the grammar
+forbids is never verified, and the sampled first token follows the constrained
+distribution."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from suffixd.daemon.generation.certify import certify_greedy
+from suffixd.daemon.generation.certify import NEAR_TIE_GAP, certify_greedy
 from suffixd.daemon.generation.chat import ChatRenderer
 from suffixd.daemon.generation.grammar import (
     Grammar,
@@ -18,7 +19,7 @@ from suffixd.daemon.generation.grammar import (
     constrained_argmax,
     grammar_for_schema,
 )
-from suffixd.daemon.generation.sampling import target_probs
+from suffixd.daemon.generation.sampling import SamplingNoise, target_probs
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.http_api.tool_calls import GENERIC
 from suffixd.daemon.model import embedded_model_path
@@ -110,19 +111,43 @@ def test_greedy_with_drafts_equals_constrained_plain_decoding(
     assert drafted <= 3 * (len(got) // 4 + 3)
 
 
+def _same_up_to_a_near_tied_race(verifier: Verifier, prompt: list[int], plain: list[int],
+                                 got: list[int], temperature: float, seed: int,
+                                 top_k: int = 0) -> None:
+    """``got`` is ``plain`` token for token, or they part where the constrained race was
+    a near-tie: plain decoding's one-token batches round the logits differently from a
+    verification batch, which can only swap two tokens whose race scores are closer than
+    the greedy near-tie gap allows (as tests/test_verifier_sampling.py certifies)."""
+    if got == plain:
+        return
+    i = next((j for j, (x, y) in enumerate(zip(plain, got, strict=False)) if x != y),
+             min(len(plain), len(got)))
+    assert i < min(len(plain), len(got)), (plain, got)  # one stopped where the other went on
+    state = Grammar(verifier, GBNF).start()
+    for t in plain[:i]:
+        state.accept(t)
+    logits = state.mask(verifier.next_logits(prompt + plain[:i]))
+    p = target_probs(logits, temperature, top_k, 1.0)
+    u = SamplingNoise(seed, verifier.vocab_size).at(i)
+    x, y = plain[i], got[i]
+    assert p[x] > 0 and p[y] > 0
+    gap = np.log(p[x] / p[y]) - np.log(np.log1p(-u[x]) / np.log1p(-u[y]))
+    assert abs(gap) < NEAR_TIE_GAP / temperature, (i, gap, plain, got)
+
+
 def test_sampled_with_drafts_is_token_for_token_the_same(
         verifier: Verifier, prompt: list[int]) -> None:
     for seed in (1, 2):
         plain, *_ = _run(verifier, prompt, temperature=0.9, seed=seed)
         got, _, _, accepted = _run(verifier, prompt, _drafter(plain, len(prompt), 0),
                                    temperature=0.9, seed=seed)
-        assert got == plain
+        _same_up_to_a_near_tied_race(verifier, prompt, plain, got, 0.9, seed)
         assert accepted > 0
     # the same with top-k (every row masked: the raw race winner says nothing)
     plain_k, *_ = _run(verifier, prompt, temperature=0.9, seed=3, top_k=5)
     got_k, *_ = _run(verifier, prompt, _drafter(plain_k, len(prompt), 0),
                      temperature=0.9, seed=3, top_k=5)
-    assert got_k == plain_k
+    _same_up_to_a_near_tied_race(verifier, prompt, plain_k, got_k, 0.9, 3, top_k=5)
 
 
 def test_the_first_sampled_token_follows_the_constrained_distribution(
