@@ -34,6 +34,7 @@ from suffixd.daemon.fleet import entries
 
 from suffixcache.store_layout import pack_tokens
 from tests.test_fleet import REDIS, RedisServer, fleet_args, fleet_status, global_tree, wait_for
+from tests.test_fleet_drop import _respond, _toks
 
 # ---------------------------------------------------------------- the reference model
 
@@ -175,17 +176,6 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     r = RedisServer(tmp_path / "redis").start()
     yield r
     r.stop()
-
-
-def _toks(i: int) -> list[int]:
-    return [(i * 41 + k * 13) % 60_000 + 7 for k in range(12)]
-
-
-def _respond(client: Any, ns: str, items: range) -> None:
-    with client.session(ns) as s:
-        for i in items:
-            s.append([1, 2], kind="prompt")
-            s.append(_toks(i), kind="response")
 
 
 def _drafts(client: Any, ns: str, i: int) -> bool:

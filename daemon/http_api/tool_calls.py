@@ -1133,6 +1133,15 @@ class CallStream:
         self.pos = pos
         self.state = "json"
 
+    def _open_arguments(self) -> bool:
+        """A named call's arguments object, once its first character is in (False: not
+        yet)."""
+        start = _skip_ws(self.text, self.pos)
+        if start == len(self.text):
+            return False
+        self._open_json(start, lambda path: path == ())
+        return True
+
     def _feed_json(self) -> bool:
         """Reads on in the JSON; True once it is complete. What was read before a
         malformed part still goes out, so that the pieces the text came in change
@@ -1260,10 +1269,8 @@ class _HermesStream(CallStream):
                     self._open_json(self.text.rfind("{", at, end), _call_watch(0))
                 self.closes = list(opener.closes)
             elif self.state == "args":  # <function=NAME>: the arguments object follows
-                start = _skip_ws(self.text, self.pos)
-                if start == len(self.text):
+                if not self._open_arguments():
                     return
-                self._open_json(start, lambda path: path == ())
             elif self.state == "json":
                 if not self._feed_json():
                     return
@@ -1364,10 +1371,8 @@ class _MistralStream(CallStream):
                     self._announce(call)
                     self.pos, self.state = head.end(), "args"
             elif self.state == "args":  # NAME[ARGS]: the arguments object follows
-                start = _skip_ws(self.text, self.pos)
-                if start == len(self.text):
+                if not self._open_arguments():
                     return
-                self._open_json(start, lambda path: path == ())
             elif self.state == "json":
                 if not self._feed_json():
                     return
