@@ -15,14 +15,15 @@ from suffixd.daemon.generation.step_batch import (
     PAD_ROW_WEIGHT,
     PROMPT_RESERVE,
     Interrupted,
-    SharedStepPrices,
     StepBatcher,
     StepRows,
+    cheapest_layout,
     joint_lengths,
     padded_rows,
     plan_step,
     step_cost,
 )
+from suffixd.daemon.generation.step_cost import StepCostModel
 
 
 def linear(n: int) -> float:
@@ -57,10 +58,11 @@ def _build(spec: list[tuple[int, list[float], int, bool]]) -> list[StepRows]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(requests, st.integers(4, 64), st.floats(0.5, 6.0))
-def test_a_plan_keeps_every_rule(spec, n_batch, rate) -> None:
+@given(requests, st.integers(4, 64), st.floats(0.5, 6.0), st.booleans())
+def test_a_plan_keeps_every_rule(spec, n_batch, rate, modelled) -> None:
     pending = _build(spec)
-    plan = plan_step(pending, n_batch, cpu_like, rate)
+    model = StepCostModel(cpu_like, n_batch) if modelled else None
+    plan = plan_step(pending, n_batch, cpu_like, rate, model=model)
     assert plan, "a plan is never empty while something waits"
     assert sum(r.rows for r in plan) <= n_batch
     offset = 0
@@ -75,10 +77,9 @@ def test_a_plan_keeps_every_rule(spec, n_batch, rate) -> None:
             assert r.rows == r.kept and r.outputs == 0
         else:
             assert r.outputs == r.kept
-    # decoding rows come first, by sequence id; every sequence at most once
-    kinds = [r.prompt for r in plan]
-    assert kinds == sorted(kinds)
-    seqs = [r.seq_id for r in plan if not r.prompt]
+    # by sequence id (llama.cpp's split takes runs of consecutive ids in batch order);
+    # every sequence at most once
+    seqs = [r.seq_id for r in plan]
     assert seqs == sorted(seqs)
     assert len({id(r) for r in plan}) == len(plan)
 
@@ -209,30 +210,39 @@ def test_joint_lengths_never_do_worse_than_whole_drafts_or_none(drafts, rate) ->
     assert v >= _value(reqs, [1] * len(reqs), cpu_like, rate) - 1e-9
 
 
-def _tokens_per_cost(reqs: list[StepRows], kept: list[int], cost, shape=None) -> float:
+def _tokens_per_cost(reqs: list[StepRows], kept: list[int], cost, model=None) -> float:
     expected = sum(1.0 + (sum(r.probs[: k - 1]) if r.probs is not None else k - 1)
                    for r, k in zip(reqs, kept, strict=True))
-    rows = padded_rows(reqs, kept)
-    price = step_cost(cost, rows, kept) * (shape(len(reqs), max(rows)) if shape else 1.0)
-    return expected / price
+    if model is not None:
+        return expected / cheapest_layout(reqs, kept, model)[0]
+    return expected / step_cost(cost, padded_rows(reqs, kept), kept)
 
 
-def _shape_oracle(penalty: float):
-    """A cost oracle of shared steps: each row past the first of a sequence costs
-    ``penalty`` more per extra sequence (ubatch splits), as measured shapes would say."""
-    def shape(sequences: int, rows: int) -> float:
-        return 1.0 + penalty * (sequences - 1) * (rows - 1) / max(rows, 1)
-    return shape
+def _model(cost, coefs: tuple[float, ...] | None) -> StepCostModel | None:
+    """An exact oracle of shared steps: a step cost model whose coefficients are the
+    step's true price (rows with logits, padding, sequences, attention, extra ubatches,
+    prompt rows)."""
+    if coefs is None:
+        return None
+    m = StepCostModel(cost, 512, unit_seconds=1.0)
+    m.theta = __import__("numpy").array([1.0, *coefs])
+    return m
+
+
+shared_costs = st.one_of(st.none(), st.tuples(
+    st.floats(0.1, 1.0), st.floats(0.0, 0.5), st.floats(0.0, 0.2), st.floats(0.0, 2.0),
+    st.floats(0.0, 20.0)))
 
 
 @settings(max_examples=500, deadline=None)
-@given(joint_requests, st.floats(0.01, 8.0), st.sampled_from([linear, cpu_like]),
-       st.one_of(st.none(), st.floats(0.0, 2.0).map(_shape_oracle)))
+@given(joint_requests, st.floats(0.01, 8.0), st.sampled_from([linear, cpu_like]), shared_costs)
 def test_the_chosen_plan_never_costs_more_per_token_than_the_plain_plan(
-        spec, rate, cost, shape) -> None:
+        spec, rate, cost, coefs) -> None:
     """With an exact cost oracle (the planner prices steps with the very cost the step
-    then has), whatever the achieved rate says, the plan's expected tokens per unit of
-    cost are at least the plain plan's (one row per sequence, whole drafts as they are)."""
+    then has: the profile's rows with every run padded, or the step cost model's ubatches
+    under the cheapest layout), whatever the achieved rate says, the plan's expected
+    tokens per unit of cost are at least the plain plan's (one row per sequence, whole
+    drafts as they are)."""
     reqs = []
     for seq, draft, room, kept, whole in spec:
         r = _decode(seq, draft, room=room)
@@ -240,20 +250,54 @@ def test_the_chosen_plan_never_costs_more_per_token_than_the_plain_plan(
         if whole:
             r.probs = None
         reqs.append(r)
-    got = joint_lengths(reqs, cost, rate, shape)
+    model = _model(cost, coefs)
+    got = joint_lengths(reqs, cost, rate, model)
     plain = [1 if r.probs is not None else r.kept for r in reqs]
-    assert _tokens_per_cost(reqs, got, cost, shape) >= \
-        _tokens_per_cost(reqs, plain, cost, shape) * (1 - 1e-9)
+    assert _tokens_per_cost(reqs, got, cost, model) >= \
+        _tokens_per_cost(reqs, plain, cost, model) * (1 - 1e-9)
 
 
-def test_shared_step_prices_follow_the_measured_shapes() -> None:
-    prices = SharedStepPrices()
-    assert prices.factor(8, 4) == 1.0  # nothing seen: the profile as it is
-    for _ in range(10):
-        prices.observe(8, 1, modelled=8.0, seconds=0.08)  # 10 ms a unit
-        prices.observe(8, 4, modelled=20.0, seconds=0.40)  # 20 ms a unit: dearer
-    assert prices.factor(8, 4) > 1.2 > 1.0 > prices.factor(8, 1)
-    assert prices.factor(2, 3) == 1.0  # a shape not seen
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.floats(0.0, 1.0), max_size=5), min_size=2, max_size=8),
+       st.floats(0.3, 6.0), shared_costs.filter(lambda c: c is not None))
+def test_the_modelled_plan_is_the_best_of_whole_drafts_none_and_the_plain_rule(
+        drafts, rate, coefs) -> None:
+    """The modelled joint plan's objective (expected tokens - rate x its cheapest price)
+    is at least that of every draft kept whole and of no drafts at all."""
+    model = _model(linear, coefs)
+    assert model is not None
+    reqs = [_decode(i, d) for i, d in enumerate(drafts)]
+    for r in reqs:
+        r.kept = len(r.tokens)
+    got = joint_lengths(reqs, linear, rate, model)
+    plain = [1] * len(reqs)
+    rate = max(rate, len(reqs) / cheapest_layout(reqs, plain, model)[0])
+
+    def value(kept: list[int]) -> float:
+        expected = len(reqs) + sum(sum(r.probs[: k - 1]) for r, k in zip(reqs, kept,
+                                                                          strict=True))
+        return expected - rate * cheapest_layout(reqs, kept, model)[0]
+
+    assert value(got) >= value(plain) - 1e-9
+    whole = [len(r.tokens) for r in reqs]
+    # pruned candidates (below the cheapest row's worth) may stop short of whole drafts
+    if all(p >= rate * model.cheapest_row() for r in reqs for p in r.probs):
+        assert value(got) >= value(whole) - 1e-9
+
+
+def test_a_plan_takes_the_layout_its_model_prices_lowest() -> None:
+    """The EPYC figures (step_cost.py): one long draft beside seven plain sequences is
+    cheaper unpadded (two ubatches), three spread ones cheaper padded to one ubatch."""
+    model = StepCostModel(linear, 512, unit_seconds=0.011)
+
+    def plan(lengths: list[int]) -> list[int]:
+        reqs = [StepRows(i, list(range(k)), 1500, 64) for i, k in enumerate(lengths)]
+        chosen = plan_step(reqs, 512, linear, 0.01, model=model)
+        return [r.rows for r in sorted(chosen, key=lambda r: r.seq_id)]
+
+    assert plan([4, 1, 1, 1, 1, 1, 1, 1]) == [4, 1, 1, 1, 1, 1, 1, 1]
+    assert plan([4, 1, 1, 4, 1, 1, 4, 1]) == [4] * 8
+    assert plan([1] * 8) == [1] * 8
 
 
 def test_a_sure_draft_is_kept_and_a_hopeless_one_cut() -> None:

@@ -160,6 +160,7 @@ class _Host(Protocol):
     def _release_slot(self, slot: Slot) -> None: ...
     def _make_room(self, slot: Slot, needed: int) -> None: ...
     def forget(self, session_key: str) -> None: ...
+    def _on_new_costs(self, one_row_seconds: float) -> None: ...
 
 
 class CostMeasurement:
@@ -334,6 +335,7 @@ class CostMeasurement:
         self._pad_to = pad_to
         self.cost_seconds = cost
         one = cost[min(cost)]
+        self._on_new_costs(one)
         return {k: round(v / one, 3) for k, v in sorted(cost.items())}
 
     def _observe_cost(self, n: int, seconds: float) -> None:

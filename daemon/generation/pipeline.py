@@ -106,6 +106,7 @@ class Runtime:
         # SUFFIXD_JOINT_DRAFTS=0: shared steps keep every draft as its drafter cut it
         # (the comparison BENCHMARKS.md reports)
         self.verifier.joint_drafts = os.environ.get("SUFFIXD_JOINT_DRAFTS", "1") != "0"
+        self.verifier.step_model = os.environ.get("SUFFIXD_STEP_MODEL", "0") == "1"
         self.renderer = ChatRenderer(self.verifier)
         self.engine = engine
         self.cost_profile: dict[str, float] = {}  # relative to one token; {}: not measured

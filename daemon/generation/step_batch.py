@@ -22,8 +22,11 @@ Planning a step (pure, unit-tested):
   drafter does for one sequence; the step's cost depends on the whole batch, so the
   lengths are chosen together over the candidates of every sequence, best first).
 * Against the plain plan: a plan with drafts is taken only where it yields at least the
-  plain plan's expected tokens per unit of cost (``joint_lengths``), and shared steps
-  are priced by what steps of their shape cost while serving (``SharedStepPrices``).
+  plain plan's expected tokens per unit of cost (``joint_lengths``).
+* Priced as the step it will be: llama.cpp splits a shared step into ubatches
+  (step_cost.py); the step cost model, fitted to every step served, prices each
+  candidate plan under its cheapest layout (no padding, runs padded, or the drafting
+  runs padded) and the plan takes that layout.
 * Equal rows per sequence: with a KV stream per sequence, llama.cpp splits a batch into
   ubatches holding the same number of rows of consecutive sequence ids; unequal drafts
   would cost one ubatch each. Rows are padded (no logits, rolled back with the rejected
@@ -43,16 +46,16 @@ The batcher knows nothing of llama.cpp: the verifier gives it the decode to run.
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-# Cost of a padding row (no logits) relative to a verified row. gemma-3-270m, 2-core
-# Sapphire Rapids, 4 sequences of 1,500 cached tokens: 30 padding rows added 81 ms to a
-# 64-row batch where 60 verified rows cost 395 ms.
-PAD_ROW_WEIGHT = 0.4
+from .step_cost import PAD_ROW_WEIGHT, Entry, StepCostModel
+
 # A prompt chunk's share of a step when decoding rows would fill it: prompts still move.
 PROMPT_RESERVE = 64
 RATE_PRIOR = 8.0  # pseudo-steps at 1 token per unit of cost, before any feedback
@@ -111,6 +114,7 @@ class BatchCounters:
     decode_s: float = 0.0  # in the model
     between_s: float = 0.0  # from the last sequence leaving a step to the next decode
     reading_s: float = 0.0  # from a decode's end to its last sequence leaving the step
+    plan_s: float = 0.0  # planning the steps (before each decode)
     by_sequences: dict[int, int] = field(default_factory=dict)  # sequences -> steps
     # Generations that reached their first step, and how long they queued before it
     # (for a KV slot, behind other steps and exclusive work): summed and the longest.
@@ -126,7 +130,7 @@ class BatchCounters:
             "extended_draft_tokens": self.extended_draft_tokens,
             "max_sequences": self.max_sequences,
             "decode_s": round(self.decode_s, 3), "between_s": round(self.between_s, 3),
-            "reading_s": round(self.reading_s, 3),
+            "reading_s": round(self.reading_s, 3), "plan_s": round(self.plan_s, 3),
             "by_sequences": {str(k): v for k, v in sorted(self.by_sequences.items())},
             "queued_requests": self.queued, "queue_s": round(self.queue_s, 3),
             "queue_max_s": round(self.queue_max_s, 3),
@@ -184,8 +188,141 @@ def padded_rows(reqs: Sequence[StepRows], kept: Sequence[int]) -> list[int]:
     return _pad_plan(reqs)(kept)
 
 
+def _entries(reqs: Sequence[StepRows], rows: Sequence[int], kept: Sequence[int]) -> list[Entry]:
+    """The step as the cost model sees it, in batch order (by sequence id)."""
+    order = sorted(range(len(reqs)), key=lambda i: reqs[i].seq_id)
+    return [Entry(reqs[i].seq_id, rows[i], 0 if reqs[i].prompt else kept[i], reqs[i].pos0,
+                  reqs[i].prompt) for i in order]
+
+
+def cheapest_layout(reqs: Sequence[StepRows], kept: Sequence[int],
+                    model: StepCostModel) -> tuple[float, list[int]]:
+    """The layout of ``kept`` the model prices lowest, and its price."""
+    return _Layouts(reqs, model).cheapest(kept)
+
+
+class _Layouts:
+    """Prices a shared decoding step's layouts (``layouts``): the sequences sorted and
+    their runs found once, the profile memoised, each candidate plan priced in the
+    model's written-out loop (the joint plan asks for every one)."""
+
+    def __init__(self, reqs: Sequence[StepRows], model: StepCostModel) -> None:
+        self.reqs = reqs
+        self.model = model
+        self.order = sorted(range(len(reqs)), key=lambda i: reqs[i].seq_id)
+        self.ids = [reqs[i].seq_id for i in self.order]
+        self.pos0 = [reqs[i].pos0 for i in self.order]
+        self.rooms = [reqs[i].room for i in self.order]
+        self.runs: list[range] = []  # runs of consecutive ids, in sorted positions
+        start = 0
+        for k in range(1, len(self.ids) + 1):
+            if k == len(self.ids) or self.ids[k] != self.ids[k - 1] + 1:
+                self.runs.append(range(start, k))
+                start = k
+        memo: dict[int, float] = {}
+        raw = model.cost
+
+        def cost(n: int) -> float:
+            got = memo.get(n)
+            if got is None:
+                got = memo[n] = raw(n)
+            return got
+
+        self._cost = cost
+
+    def _price(self, rows: list[int], kept: list[int]) -> float:
+        ends = [p + n for p, n in zip(self.pos0, rows, strict=True)]
+        return self.model.price_sorted(self.ids, rows, kept, ends, self._cost)
+
+    def _sorted_layouts(self, kept: list[int]) -> list[list[int]]:
+        """Ways to lay out the kept rows (padding the rest): none (each sequence its kept
+        rows; llama.cpp then splits unequal rows into more ubatches), every run of
+        consecutive ids padded to its longest (one ubatch a run), and each run of
+        consecutive sequences that draft padded to its longest (the one-row sequences
+        share the first ubatch, the drafting ones as few more as their ids allow)."""
+        rooms = self.rooms
+        padded = list(kept)
+        for run in self.runs:
+            longest = max(kept[i] for i in run)
+            for i in run:
+                padded[i] = _padded(kept[i], longest, rooms[i])
+        out = [kept, padded]
+        drafting = [i for i in range(len(kept)) if kept[i] > 1]
+        if drafting and len(drafting) < len(kept):
+            third = list(kept)
+            start = 0
+            for k in range(1, len(drafting) + 1):
+                if k == len(drafting) or \
+                        self.ids[drafting[k]] != self.ids[drafting[k - 1]] + 1:
+                    part = drafting[start:k]
+                    longest = max(kept[i] for i in part)
+                    for i in part:
+                        third[i] = _padded(kept[i], longest, rooms[i])
+                    start = k
+            if third != kept and third != padded:
+                out.append(third)
+        return out
+
+    def cheapest_sorted(self, kept: list[int]) -> tuple[float, list[int]]:
+        best: tuple[float, list[int]] | None = None
+        for rows in self._sorted_layouts(kept):
+            price = self._price(rows, kept)
+            if best is None or price < best[0]:
+                best = (price, rows)
+        assert best is not None
+        return best
+
+    def cheapest(self, kept: Sequence[int]) -> tuple[float, list[int]]:
+        """In the requests' own order."""
+        price, rows = self.cheapest_sorted([kept[i] for i in self.order])
+        out = [0] * len(rows)
+        for k, i in enumerate(self.order):
+            out[i] = rows[k]
+        return price, out
+
+
+def _joint_lengths_modelled(reqs: Sequence[StepRows], rate: float,
+                            model: StepCostModel) -> list[int]:
+    """``joint_lengths`` with each candidate plan priced by the step cost model under its
+    cheapest layout (padding, ubatch splits, sequences sharing a ubatch)."""
+    kept = [1 if r.probs is not None else r.kept for r in reqs]
+    cands: list[tuple[float, int, int]] = []
+    for i, r in enumerate(reqs):
+        if r.probs is None:
+            continue
+        low = 1.0
+        for j, p in enumerate(r.probs[: r.kept - 1]):
+            low = min(low, float(p))
+            cands.append((-low, j, i))
+    cands.sort()
+    lay = _Layouts(reqs, model)
+    pos = {i: k for k, i in enumerate(lay.order)}
+    skept = [kept[i] for i in lay.order]  # kept in sorted positions
+    plain_tokens = float(sum(kept))
+    plain_cost = lay.cheapest_sorted(skept)[0]
+    if plain_cost > 0:
+        rate = max(rate, plain_tokens / plain_cost)
+    expected = float(len(reqs))
+    best, best_kept = expected - rate * plain_cost, list(kept)
+    # Candidates below this are not priced: what the cheapest row adds (on the profile's
+    # average slope) outweighs them; a bound for the time a plan takes, not for its value.
+    floor = rate * model.cheapest_row()
+    for neg_p, j, i in cands:
+        if kept[i] != j + 1:
+            continue
+        if -neg_p < floor:
+            break
+        kept[i] += 1
+        skept[pos[i]] += 1
+        expected -= neg_p
+        v = expected - rate * lay.cheapest_sorted(skept)[0]
+        if v > best:
+            best, best_kept = v, list(kept)
+    return best_kept
+
+
 def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
-                  rate: float, shape: Callable[[int, int], float] | None = None) -> list[int]:
+                  rate: float, model: StepCostModel | None = None) -> list[int]:
     """Rows kept per decoding request (1 + draft tokens, at most its ``kept``), chosen
     together: the prefix of all candidates, most probable first, that maximises
     expected tokens - rate * cost.
@@ -197,14 +334,16 @@ def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
     that is E(x)/C(x) >= E(0)/C(0)). With a low achieved ``rate`` (drafts that did not pay
     lately) the bare objective took drafts that cost more per token than plain batching.
 
-    ``shape(sequences, rows)``: what a step of that many sequences, each up to ``rows``
-    rows, costs relative to what ``cost`` says (``SharedStepPrices.factor``: measured
-    while serving), or None.
+    ``model``: the step cost model fitted while serving: each candidate plan is then
+    priced as the step it would be (``cheapest_layout``), instead of by its rows on the
+    one-sequence profile with every run of consecutive ids padded.
 
     The step's rows are kept up to date per candidate (each run's longest kept and its
     padded rows) instead of padding every sequence again: O(candidates + sequences x
     draft) rather than O(candidates x sequences), which at a GPU's 16-64 sequences was
     8-170 ms a plan."""
+    if model is not None:
+        return _joint_lengths_modelled(reqs, rate, model)
     kept = [1 if r.probs is not None else r.kept for r in reqs]
     cands: list[tuple[float, int, int]] = []
     for i, r in enumerate(reqs):
@@ -229,11 +368,9 @@ def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
 
     outputs = sum(kept)
     total = sum(rows_of(i) for i in range(len(reqs)))
-    n_seqs = len(reqs)
 
     def step_price() -> float:
-        base = _cost_of(cost, total, outputs)
-        return base * shape(n_seqs, max(longest)) if shape is not None else base
+        return _cost_of(cost, total, outputs)
 
     # the drafts kept whole add a constant to the expected tokens: left out, except in
     # the plain plan's own rate, where they count as the rows they are
@@ -276,7 +413,7 @@ def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
 
 def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], float],
               rate: float, pad_to: Callable[[int, int], int] | None = None,
-              shape: Callable[[int, int], float] | None = None) -> list[StepRows]:
+              model: StepCostModel | None = None) -> list[StepRows]:
     """Choose this step's requests and set their ``kept``, ``rows`` and ``offset``; the
     rest wait for the next step. Never empty when ``pending`` is not."""
     decodes = [r for r in pending if not r.prompt]
@@ -291,12 +428,14 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
         r.kept = 1 + min(draft, max(0, budget - used))
         used += r.kept - 1
     if len(chosen) > 1:
-        for r, k in zip(chosen, joint_lengths(chosen, cost, rate, shape), strict=True):
+        for r, k in zip(chosen, joint_lengths(chosen, cost, rate, model), strict=True):
             r.kept = min(r.kept, k)
     else:
         for r in chosen:  # a step of its own: as its drafter chose
             r.kept = min(r.kept, r.want or r.kept)
-    rows = padded_rows(chosen, [r.kept for r in chosen])
+    kept = [r.kept for r in chosen]
+    rows = cheapest_layout(chosen, kept, model)[1] if model is not None and len(chosen) > 1 \
+        else padded_rows(chosen, kept)
     if len(chosen) == 1 and pad_to is not None:
         # one sequence: pad to a cheaper measured batch shape, as a lone step always did
         rows[0] += pad_to(rows[0], chosen[0].room)
@@ -321,65 +460,15 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
         r = pending[0]
         r.kept = r.rows = max(1, min(len(r.tokens), r.room, n_batch))
         chosen.append(r)
-    # decoding rows by sequence id (runs of consecutive ids share ubatches), prompts after
-    chosen.sort(key=lambda r: (r.prompt, r.seq_id))
+    # by sequence id, prompt chunks included: llama.cpp's split takes runs of consecutive
+    # ids in batch order, so a prompt's first row shares the decoding rows' ubatch
+    chosen.sort(key=lambda r: r.seq_id)
     offset = 0
     for r in chosen:
         r.offset = offset
         r.shared = len(chosen)
         offset += r.rows
     return chosen
-
-
-class SharedStepPrices:
-    """What shared steps cost, measured while serving, against what the profile says.
-
-    The profile prices a step by its rows (measured on one sequence); a step of several
-    sequences also pays for how llama.cpp splits it (a KV stream per sequence: ubatches of
-    equal rows of consecutive ids), and that differs by shape. Each decode-only step's
-    seconds per profile unit are kept per shape (sequences, rows of the longest), as a
-    moving average; ``factor(sequences, rows)`` is that shape's figure over the average
-    of all shapes seen (1.0 until the shape has been seen ``MIN_SEEN`` times), so that
-    the plan compares the shapes it chooses between at what they cost here."""
-
-    MIN_SEEN = 3
-    ALPHA = 0.1
-    MAX_ROWS_KEY = 64
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_shape: dict[tuple[int, int], tuple[float, int]] = {}  # s/unit, count
-        self._overall = 0.0
-        self._seen = 0
-
-    @classmethod
-    def key(cls, sequences: int, rows: int) -> tuple[int, int]:
-        return sequences, min(rows, cls.MAX_ROWS_KEY)
-
-    def observe(self, sequences: int, rows: int, modelled: float, seconds: float) -> None:
-        if modelled <= 0 or seconds <= 0:
-            return
-        per_unit = seconds / modelled
-        with self._lock:
-            k = self.key(sequences, rows)
-            old, n = self._by_shape.get(k, (per_unit, 0))
-            self._by_shape[k] = (old + self.ALPHA * (per_unit - old) if n else per_unit, n + 1)
-            self._overall = per_unit if not self._seen else \
-                self._overall + self.ALPHA * 0.5 * (per_unit - self._overall)
-            self._seen += 1
-
-    def factor(self, sequences: int, rows: int) -> float:
-        with self._lock:
-            got = self._by_shape.get(self.key(sequences, rows))
-            if got is None or got[1] < self.MIN_SEEN or self._overall <= 0:
-                return 1.0
-            return got[0] / self._overall
-
-    def as_dict(self) -> dict[str, float]:
-        with self._lock:
-            return {f"{k[0]}x{k[1]}": round(v / self._overall, 3)
-                    for k, (v, n) in sorted(self._by_shape.items())
-                    if n >= self.MIN_SEEN and self._overall > 0}
 
 
 class Interrupted(Exception):
@@ -432,7 +521,19 @@ class StepBatcher:
         self._rate_tokens = RATE_PRIOR
         self._rate_cost = RATE_PRIOR
         self.counters = BatchCounters()
-        self.prices = SharedStepPrices()
+        self.model = StepCostModel(cost, n_batch)
+        # Plan shared steps with the fitted model (off: the profile, every run padded).
+        # Off by default: fitted to within 1-5% of the served steps' seconds, it still
+        # took riskier drafts than the padded-run rule and lost (spider_dev, 8 agents,
+        # EPYC: 33.6-34.5 s against 31.1-32.7 s; BENCHMARKS.md); it keeps fitting for
+        # the status and SUFFIXD_STEP_MODEL=1.
+        self.use_model = False
+        # SUFFIXD_STEP_LOG=PATH: one JSON line per step (its plan, duration and what each
+        # sequence emitted), for finding where a benchmark's time went
+        log_path = os.environ.get("SUFFIXD_STEP_LOG")
+        self._step_log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
+        self._last_batch: list[StepRows] = []
+        self._last_gap = 0.0
 
     @property
     def rate(self) -> float:
@@ -486,7 +587,20 @@ class StepBatcher:
                 if self._in_flight == 0:
                     self._free_since = time.monotonic()
                     self.counters.reading_s += self._free_since - self._decoded_at
+                    if self._step_log is not None:
+                        self._write_step_log()
                     self._cond.notify_all()
+
+    def _write_step_log(self) -> None:
+        assert self._step_log is not None
+        batch = self._last_batch
+        rec = {"t": round(self._decoded_at, 4), "s": round(batch[0].step_s, 5) if batch else 0,
+               "read": round(self._free_since - self._decoded_at, 5),
+               "gap": round(self._last_gap, 5),
+               "seqs": [[r.seq_id, int(r.prompt), len(r.tokens), r.want, r.kept, r.rows,
+                         r.emitted, r.pos0] for r in batch]}
+        self._step_log.write(json.dumps(rec) + "\n")
+        self._step_log.flush()
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -558,13 +672,16 @@ class StepBatcher:
 
     def _lead(self) -> None:
         """Plan and run one step (called with the condition held; released meanwhile)."""
+        t_plan = time.perf_counter()
         batch = plan_step(self._pending, self.n_batch, self._cost, self.rate, self._pad_to,
-                          self.prices.factor)
+                          self.model if self.use_model else None)
+        self.counters.plan_s += time.perf_counter() - t_plan
         taken = {id(r) for r in batch}
         self._pending = [r for r in self._pending if id(r) not in taken]
         self._busy = True
         error: BaseException | None = None
         gap = time.monotonic() - self._free_since
+        self._last_gap = gap
         if gap < 1.0:  # not an idle model: the sequences' own work between two decodes
             self.counters.between_s += gap
         self._cond.release()
@@ -595,17 +712,19 @@ class StepBatcher:
                                        for r in decodes)
         c.max_sequences = max(c.max_sequences, len(batch))
         c.by_sequences[len(batch)] = c.by_sequences.get(len(batch), 0) + 1
+        if error is None:
+            self.model.observe(_entries(batch, [r.rows for r in batch],
+                                        [r.kept for r in batch]), dt)
         if decodes:
-            modelled = step_cost(self._cost, [r.rows for r in decodes],
-                                 [r.kept for r in decodes])
+            modelled = self.model.price(_entries(decodes, [r.rows for r in decodes],
+                                                 [r.kept for r in decodes]))
             self._rate_tokens *= RATE_DECAY
             self._rate_cost = self._rate_cost * RATE_DECAY + modelled
-            if error is None and len(decodes) == len(batch):  # prompt rows would skew it
-                self.prices.observe(len(decodes), max(r.rows for r in decodes), modelled, dt)
         for r in batch:
             r.step_s = dt
             r.error = error
             r.done = True
+        self._last_batch = batch
         self._in_flight = 0 if error is not None else len(batch)
         if error is not None:
             self._free_since = time.monotonic()

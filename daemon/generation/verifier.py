@@ -55,6 +55,10 @@ from .kv_slots import KvSlots, Slot
 from .sampling import SamplingNoise, race, speculative_sample, target_probs
 from .step_batch import Interrupted, StepBatcher, StepRows
 
+# A checkpoint less than this past a continuing conversation's cached prompt does not
+# split its prompt while other generations step (see _generate).
+CHECKPOINT_SPLIT_MIN = 64
+
 
 class DraftLike(Protocol):
     tokens: list[int]
@@ -325,8 +329,21 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         queueing before their first step, and the cost measurement's progress and the
         load it ran under."""
         return {**self._steps.counters.as_dict(), "rate": round(self._steps.rate, 3),
-                "shape_prices": self._steps.prices.as_dict(),
+                "step_cost": self._steps.model.as_dict(),
                 "measurement": {"batches": self.measured_batches, **self.cost_load}}
+
+    @property
+    def step_model(self) -> bool:
+        """Whether shared steps are planned with the fitted step cost model."""
+        return self._steps.use_model
+
+    @step_model.setter
+    def step_model(self, on: bool) -> None:
+        self._steps.use_model = on
+
+    def _on_new_costs(self, one_row_seconds: float) -> None:
+        """A measured or loaded profile: the shared-step model starts from its scale."""
+        self._steps.model.rescale(one_row_seconds)
 
     def _relative_cost(self, n: int) -> float:
         """A step of ``n`` verified rows relative to one, from the measured profile
@@ -520,6 +537,12 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         max_tokens = max(1, min(params.max_tokens, self.n_ctx - len(prompt)))
         points = self.prompt_cache.points(cache_scope, prompt, common, cache_points,
                                           new=new_conversation)
+        if not new_conversation and self._steps.shared():
+            # A continuing conversation's prompt split a few tokens past what its slot
+            # held costs the other sequences' step an extra ubatch and a step more for
+            # this one (spider_dev, 8 agents: a 4-19-row chunk before each turn's
+            # ~100); its slot keeps the whole prompt for a retry anyway.
+            points = [p for p in points if p - common >= CHECKPOINT_SPLIT_MIN]
         end = len(prompt) - 1
         while len(slot.tokens) < end:
             # in chunks the steps of the other generations leave room for, each ending
