@@ -102,6 +102,7 @@ class Runtime:
             n_slots=int(opts.get("kv_slots") or 4),
             n_gpu_layers=n_gpu_layers,
             prompt_cache_mb=int(opts.get("prompt_cache_mb", DEFAULT_PROMPT_CACHE_MB)),
+            n_ubatch=int(os.environ.get("SUFFIXD_N_UBATCH", "0")) or None,
         )
         # SUFFIXD_JOINT_DRAFTS=0: shared steps keep every draft as its drafter cut it
         # (the comparison BENCHMARKS.md reports)
@@ -147,7 +148,8 @@ class Runtime:
             return None
         v = self.verifier
         try:
-            key = profile_key(model, n_threads=v.n_threads, n_batch=v.n_batch, n_ctx=v.n_ctx,
+            key = profile_key(model, n_threads=v.n_threads, n_batch=v.n_batch,
+                              n_ubatch=v.n_ubatch, n_ctx=v.n_ctx,
                               n_slots=v.n_slots, n_gpu_layers=n_gpu_layers,
                               extra_buffers=extra_weight_buffers(), rounds=self.rounds,
                               draft_model=Path(draft_path) if draft_path else None)

@@ -501,6 +501,7 @@ class StepBatcher:
         n_batch: int,
         cost: Callable[[int], float],
         pad_to: Callable[[int, int], int] | None = None,
+        n_ubatch: int | None = None,
     ) -> None:
         """``run(rows)``: evaluate the planned rows in one decode. ``cost(n)``: what a
         step of n verified rows costs relative to one."""
@@ -521,7 +522,7 @@ class StepBatcher:
         self._rate_tokens = RATE_PRIOR
         self._rate_cost = RATE_PRIOR
         self.counters = BatchCounters()
-        self.model = StepCostModel(cost, n_batch)
+        self.model = StepCostModel(cost, n_ubatch or n_batch)
         # Plan shared steps with the fitted model (off: the profile, every run padded).
         # Off by default: fitted to within 1-5% of the served steps' seconds, it still
         # took riskier drafts than the padded-run rule and lost (spider_dev, 8 agents,

@@ -227,6 +227,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         n_threads: int = 2,
         n_slots: int = 4,
         n_batch: int = 512,
+        n_ubatch: int | None = None,
         n_gpu_layers: int = 0,
         prompt_cache_mb: int = 1024,
         verbose: bool = False,
@@ -252,7 +253,9 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = per_slot * n_slots
         cparams.n_batch = n_batch
-        cparams.n_ubatch = n_batch
+        # ubatch rows: llama.cpp also sizes each sliding-window layer's KV ring n_swa +
+        # n_ubatch, and attention without flash attention runs over the whole ring
+        cparams.n_ubatch = n_ubatch = min(n_batch, n_ubatch or n_batch)
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         cparams.n_seq_max = n_slots
@@ -278,6 +281,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx))
         self.n_swa = int(llama_cpp.llama_model_n_swa(self._model.model))
         self.n_batch = n_batch
+        self.n_ubatch = n_ubatch
         self.n_threads = n_threads
         self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=verbose)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model.model)
@@ -296,7 +300,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         # (through lambdas: a test may replace the bound methods)
         self._steps = StepBatcher(lambda b: self._run_step(b), n_batch,
                                   lambda n: self._relative_cost(n),
-                                  lambda n, limit: self._padding(n, limit))
+                                  lambda n, limit: self._padding(n, limit), n_ubatch)
 
     @property
     def _turns(self) -> AbstractContextManager[None]:
