@@ -23,10 +23,11 @@ Planning a step (pure, unit-tested):
   lengths are chosen together over the candidates of every sequence, best first).
 * Against the plain plan: a plan with drafts is taken only where it yields at least the
   plain plan's expected tokens per unit of cost (``joint_lengths``).
-* Priced as the step it will be: llama.cpp splits a shared step into ubatches
-  (step_cost.py); the step cost model, fitted to every step served, prices each
-  candidate plan under its cheapest layout (no padding, runs padded, or the drafting
-  runs padded) and the plan takes that layout.
+* Priced as the step it will be (opt-in, ``use_model``): llama.cpp splits a shared step
+  into ubatches (step_cost.py); the step cost model, fitted to every step served, prices
+  each candidate plan under its cheapest layout (no padding, runs padded, or the
+  drafting runs padded) and the plan takes that layout. Off, the profile prices a
+  step's rows with every run padded (it won the A/B on the 2-core EPYC).
 * Equal rows per sequence: with a KV stream per sequence, llama.cpp splits a batch into
   ubatches holding the same number of rows of consecutive sequence ids; unequal drafts
   would cost one ubatch each. Rows are padded (no logits, rolled back with the rejected
@@ -202,7 +203,7 @@ def cheapest_layout(reqs: Sequence[StepRows], kept: Sequence[int],
 
 
 class _Layouts:
-    """Prices a shared decoding step's layouts (``layouts``): the sequences sorted and
+    """Prices a shared decoding step's layouts (``_sorted_layouts``): the sequences sorted and
     their runs found once, the profile memoised, each candidate plan priced in the
     model's written-out loop (the joint plan asks for every one)."""
 
