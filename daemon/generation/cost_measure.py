@@ -321,6 +321,10 @@ class CostMeasurement:
             self._release_slot(slot)
         return dt, cpu_wait_share(before, after)
 
+    def _on_new_costs(self, one_row_seconds: float) -> None:
+        """A measured or loaded profile is in use (the verifier rescales its shared-step
+        model from it)."""
+
     def restore_costs(
         self: _Host, raw: dict[int, float], padded: dict[tuple[int, int], float]
     ) -> dict[int, float]:
