@@ -24,7 +24,13 @@ from typing import Any
 
 import click
 
-from .bench_concurrency import first_turns, parse_levels, report, run_concurrency
+from .bench_concurrency import (
+    first_turns,
+    parse_levels,
+    repeat_summary,
+    report,
+    run_concurrency,
+)
 from .bench_generate import MODES, _run, load_session_turns
 from .llama_server import llama_server_options
 
@@ -45,12 +51,16 @@ from .llama_server import llama_server_options
 @click.option("--profiles", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="With --concurrency: keep the daemons' measured cost profiles here and "
                    "reuse them across levels and runs [a folder of this run].")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 20),
+              help="With --concurrency: run every level this many times and report the "
+                   "ratios' mean and spread.")
 @llama_server_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | None, n_ctx: int,
                 threads: int, modes: str, turns_limit: int, concurrency: str | None,
-                profiles: Path | None, llama_server: str | None, spec_types: str | None,
-                ls_flash_attn: str, ls_plain: bool, as_json: bool) -> None:
+                profiles: Path | None, repeat: int, llama_server: str | None,
+                spec_types: str | None, ls_flash_attn: str, ls_plain: bool,
+                as_json: bool) -> None:
     """Replay WORKLOAD's sessions whole, turn by turn, as an agent sends them."""
     from ..daemon.model import resolve_model_path
     from .llama_server import start_servers
@@ -68,9 +78,11 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
     if not todo:
         raise click.ClickException(f"{workload}: no assistant turns")
     if levels is not None:
-        c_out = run_concurrency(workload, todo, levels, max_tokens, model, model_path, n_ctx,
+        runs = [run_concurrency(workload, todo, levels, max_tokens, model, model_path, n_ctx,
                                 threads, llama_server, spec_types, ls_flash_attn, ls_plain,
-                                profiles)
+                                profiles) for _ in range(repeat)]
+        c_out = runs[0] if repeat == 1 else {"runs": runs,
+                                              "repeat_summary": repeat_summary(runs)}
         if as_json:
             click.echo(json.dumps(c_out))
         else:

@@ -198,6 +198,19 @@ def ratios(results: dict[str, dict[int, dict[str, Any]]], levels: Sequence[int]
     return out
 
 
+def repeat_summary(outs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per N over repeated runs of ``run_concurrency``: suffixd's ratio to llama-server's
+    best of each run, and their mean, lowest and highest (one run on 2 cores varies by
+    4-7%, as much as the margins the ratios are judged by)."""
+    out: dict[str, dict[str, Any]] = {}
+    for n in (str(n) for n in outs[0]["concurrency"]) if outs else ():
+        got = [o["suffixd_vs_ls_best"][n] for o in outs if n in o.get("suffixd_vs_ls_best", {})]
+        if got:
+            out[n] = {"suffixd_vs_ls_best": got, "mean": round(sum(got) / len(got), 4),
+                      "min": min(got), "max": max(got)}
+    return out
+
+
 def greedy_same(texts: dict[int, dict[tuple[str, int], str]], levels: Sequence[int]
                 ) -> dict[str, str]:
     """Per level after the first: "equal/total" turns whose text equals the first level's."""
@@ -344,7 +357,16 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
 
 
 def report(out: dict[str, Any]) -> None:
-    """The table ``run_concurrency``'s figures make."""
+    """The table ``run_concurrency``'s figures make (each run's, and the ratios' spread
+    when the levels were repeated)."""
+    if "runs" in out:
+        for k, run in enumerate(out["runs"], 1):
+            click.echo(f"--- run {k} of {len(out['runs'])}")
+            report(run)
+        for n, r in out["repeat_summary"].items():
+            click.echo(f"N={n}: suffixd / llama-server's best over {len(r['suffixd_vs_ls_best'])}"
+                       f" runs: mean {r['mean']:.3f}, {r['min']:.3f}-{r['max']:.3f}")
+        return
     click.echo(f"{Path(out['workload']).name}: {out['sessions']} sessions, {out['turns']} "
                f"turns ({out['skipped_turns']} do not fit {out['n_ctx']} tokens), "
                f"{out['max_tokens']} tokens max, {out['threads']} threads")

@@ -17,7 +17,9 @@ from suffixd.cli.bench_concurrency import (
     parse_levels,
     plan_sessions,
     ratios,
+    repeat_summary,
     replay,
+    report,
     reuse_profile,
     run_sessions,
 )
@@ -136,6 +138,30 @@ def test_ratios() -> None:
     assert out["suffixd_vs_n1"] == {"1": 1.0, "4": 3.0}
     only = ratios({"suffixd": {2: {"agg_tok_s": 5.0}}}, [2])
     assert only == {"ls_best": {}, "suffixd_vs_ls_best": {}, "suffixd_vs_n1": {}}
+
+
+def test_repeat_summary_gives_each_runs_ratio_and_their_spread(capsys) -> None:
+    def run(r1: float, r8: float) -> dict:
+        results = {s: {str(n): {k: 1.0 for k in ("agg_tok_s", "wall_s", "session_wall_s",
+                                                 "turn_s", "turn_p95_s", "decode_tok_s",
+                                                 "turns")} for n in (1, 8)}
+                   for s in ("suffixd", "ls-plain")}
+        return {"workload": "w.jsonl", "sessions": 8, "turns": 48, "skipped_turns": 0,
+                "n_ctx": 4096, "max_tokens": 64, "threads": 2, "concurrency": [1, 8],
+                "results": results, "ls_best": {"1": "ls-plain", "8": "ls-plain"},
+                "suffixd_vs_ls_best": {"1": r1, "8": r8}, "suffixd_vs_n1": {},
+                "greedy_same": {}}
+
+    runs = [run(1.2, 0.9), run(1.0, 0.8), run(1.1, 1.0)]
+    got = repeat_summary(runs)
+    assert got["1"] == {"suffixd_vs_ls_best": [1.2, 1.0, 1.1], "mean": 1.1, "min": 1.0,
+                        "max": 1.2}
+    assert got["8"]["mean"] == 0.9 and (got["8"]["min"], got["8"]["max"]) == (0.8, 1.0)
+    assert repeat_summary([run(1.0, 1.0)])["8"]["suffixd_vs_ls_best"] == [1.0]
+    report({"runs": runs, "repeat_summary": got})
+    shown = capsys.readouterr().out
+    assert "run 3 of 3" in shown and "N=8: suffixd / llama-server's best over 3 runs: " \
+        "mean 0.900, 0.800-1.000" in shown
 
 
 def test_greedy_same_counts_turns_equal_to_the_first_level() -> None:
