@@ -282,10 +282,10 @@ class _Layouts:
         return price, out
 
 
-def _joint_lengths_modelled(reqs: Sequence[StepRows], rate: float,
-                            model: StepCostModel) -> list[int]:
-    """``joint_lengths`` with each candidate plan priced by the step cost model under its
-    cheapest layout (padding, ubatch splits, sequences sharing a ubatch)."""
+def _candidates(reqs: Sequence[StepRows]) -> tuple[list[int], list[tuple[float, int, int]]]:
+    """The plain plan's rows (1 per estimated draft; a draft without estimates kept as it
+    is) and every draft token as a candidate (-probability, index in its draft, request),
+    most probable first."""
     kept = [1 if r.probs is not None else r.kept for r in reqs]
     cands: list[tuple[float, int, int]] = []
     for i, r in enumerate(reqs):
@@ -293,9 +293,17 @@ def _joint_lengths_modelled(reqs: Sequence[StepRows], rate: float,
             continue
         low = 1.0
         for j, p in enumerate(r.probs[: r.kept - 1]):
-            low = min(low, float(p))
+            low = min(low, float(p))  # a token is accepted only after those before it
             cands.append((-low, j, i))
     cands.sort()
+    return kept, cands
+
+
+def _joint_lengths_modelled(reqs: Sequence[StepRows], rate: float,
+                            model: StepCostModel) -> list[int]:
+    """``joint_lengths`` with each candidate plan priced by the step cost model under its
+    cheapest layout (padding, ubatch splits, sequences sharing a ubatch)."""
+    kept, cands = _candidates(reqs)
     lay = _Layouts(reqs, model)
     pos = {i: k for k, i in enumerate(lay.order)}
     skept = [kept[i] for i in lay.order]  # kept in sorted positions
@@ -345,16 +353,7 @@ def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
     8-170 ms a plan."""
     if model is not None:
         return _joint_lengths_modelled(reqs, rate, model)
-    kept = [1 if r.probs is not None else r.kept for r in reqs]
-    cands: list[tuple[float, int, int]] = []
-    for i, r in enumerate(reqs):
-        if r.probs is None:
-            continue
-        low = 1.0
-        for j, p in enumerate(r.probs[: r.kept - 1]):
-            low = min(low, float(p))  # a token is accepted only after those before it
-            cands.append((-low, j, i))
-    cands.sort()
+    kept, cands = _candidates(reqs)
     idx = {id(r): i for i, r in enumerate(reqs)}
     runs = [[idx[id(r)] for r in run] for run in _runs(reqs)]
     run_of = [0] * len(reqs)
@@ -718,8 +717,11 @@ class StepBatcher:
             self.model.observe(_entries(batch, [r.rows for r in batch],
                                         [r.kept for r in batch]), dt)
         if decodes:
+            # the achieved rate in the planner's own units (what it compares plans in)
             modelled = self.model.price(_entries(decodes, [r.rows for r in decodes],
-                                                 [r.kept for r in decodes]))
+                                                 [r.kept for r in decodes])) \
+                if self.use_model else step_cost(self._cost, [r.rows for r in decodes],
+                                                 [r.kept for r in decodes])
             self._rate_tokens *= RATE_DECAY
             self._rate_cost = self._rate_cost * RATE_DECAY + modelled
         for r in batch:

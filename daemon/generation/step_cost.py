@@ -193,7 +193,7 @@ class StepCostModel:
             x = step_features(shape, self.n_ubatch, self._cost)
             self._a += self.PRIOR_WEIGHT * np.outer(x, x)
             self._b += self.PRIOR_WEIGHT * x * float(x @ prior)
-        self.theta = prior.copy()
+        self._theta: np.ndarray | None = prior.copy()
 
     def rescale(self, unit_seconds: float) -> None:
         """A new one-row profile (measured, or loaded): start again from the prior at
@@ -213,12 +213,27 @@ class StepCostModel:
             self._a = self.DECAY * self._a + np.outer(x, x)
             self._b = self.DECAY * self._b + x * seconds
             self.observed += 1
-            # scaled per feature: the features' magnitudes differ by orders
-            ridge = self.RIDGE * np.maximum(np.diag(self._a), 1e-12)
-            theta = np.linalg.solve(self._a + np.diag(ridge), self._b + ridge * self._prior)
-            # a row always costs something: the price is in its units
-            theta[0] = max(theta[0], 0.05 * self._prior[0])
-            self.theta = np.maximum(theta, 0.0)
+            self._theta = None  # solved when next asked for, not on the step's path
+
+    @property
+    def theta(self) -> np.ndarray:
+        """The fitted coefficients (seconds per unit of each feature)."""
+        with self._lock:
+            if self._theta is None:
+                # scaled per feature: the features' magnitudes differ by orders
+                ridge = self.RIDGE * np.maximum(np.diag(self._a), 1e-12)
+                theta = np.linalg.solve(self._a + np.diag(ridge),
+                                        self._b + ridge * self._prior)
+                # a row always costs something: the price is in its units
+                theta[0] = max(theta[0], 0.05 * self._prior[0])
+                self._theta = np.maximum(theta, 0.0)
+            return self._theta
+
+    @theta.setter
+    def theta(self, value: np.ndarray) -> None:
+        """Fixed coefficients (an exact oracle in tests), until the next observation."""
+        with self._lock:
+            self._theta = np.asarray(value, dtype=float)
 
     def marginal_row(self) -> float:
         """What a row adds to a large step on the profile, in units of one row (the
