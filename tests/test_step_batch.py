@@ -57,12 +57,18 @@ def _build(spec: list[tuple[int, list[float], int, bool]]) -> list[StepRows]:
     return out
 
 
+def blocks_of_4(n: int, rows: int) -> int:
+    """A logit_rows rule: past 4, round the rows with logits up to a multiple of 4."""
+    return min(rows, -(-n // 4) * 4) if n > 4 else n
+
+
 @settings(max_examples=300, deadline=None)
-@given(requests, st.integers(4, 64), st.floats(0.5, 6.0), st.booleans())
-def test_a_plan_keeps_every_rule(spec, n_batch, rate, modelled) -> None:
+@given(requests, st.integers(4, 64), st.floats(0.5, 6.0), st.booleans(), st.booleans())
+def test_a_plan_keeps_every_rule(spec, n_batch, rate, modelled, logits) -> None:
     pending = _build(spec)
     model = StepCostModel(cpu_like, n_batch) if modelled else None
-    plan = plan_step(pending, n_batch, cpu_like, rate, model=model)
+    plan = plan_step(pending, n_batch, cpu_like, rate, model=model,
+                     logit_rows=blocks_of_4 if logits else None)
     assert plan, "a plan is never empty while something waits"
     assert sum(r.rows for r in plan) <= n_batch
     offset = 0
@@ -75,8 +81,23 @@ def test_a_plan_keeps_every_rule(spec, n_batch, rate, modelled) -> None:
         offset += r.rows
         if r.prompt:
             assert r.rows == r.kept and r.outputs == 0
-        else:
+        elif not logits:
             assert r.outputs == r.kept
+        else:  # every verified row has logits; padding may ask for them too
+            assert r.kept <= r.outputs <= r.rows
+    if logits:
+        # per run of consecutive ids (a ubatch): the rule's rows with logits, as far as
+        # the run's padding reaches
+        decodes = [r for r in plan if not r.prompt]
+        runs: list[list[StepRows]] = []
+        for r in decodes:
+            if runs and r.seq_id == runs[-1][-1].seq_id + 1:
+                runs[-1].append(r)
+            else:
+                runs.append([r])
+        for run in runs:
+            kept, rows = sum(r.kept for r in run), sum(r.rows for r in run)
+            assert sum(r.outputs for r in run) == min(blocks_of_4(kept, rows), rows)
     # by sequence id (llama.cpp's split takes runs of consecutive ids in batch order);
     # every sequence at most once
     seqs = [r.seq_id for r in plan]
@@ -428,6 +449,26 @@ def test_a_lone_step_keeps_its_drafters_choice_and_a_shared_one_may_fill_padding
         r.emitted = 1
     assert batcher_counters.counters.extended_draft_tokens == 0  # a lone step: as chosen
     assert plan
+
+
+def test_padding_asks_for_logits_where_the_rule_says_they_make_the_step_cheaper() -> None:
+    # a lone step of 5 verified rows padded to 8: logits on all 8, or on its 5
+    for rule, want in ((blocks_of_4, 8), (None, 5)):
+        lone = StepRows(0, list(range(5)), 100, 64, probs=[0.9] * 4, want=5)
+        plan = plan_step([lone], 64, cpu_like, 0.1, pad_to=lambda n, room: 3,
+                         logit_rows=rule)
+        assert plan == [lone] and (lone.kept, lone.rows, lone.outputs) == (5, 8, want)
+    # two runs (ids 0-1 and 5): each its own ubatch, its own padding
+    a = StepRows(0, list(range(4)), 100, 64, probs=[1.0] * 3)
+    b = StepRows(1, list(range(2)), 100, 64, probs=[1.0])
+    c = StepRows(5, list(range(3)), 100, 64, probs=[1.0] * 2)
+    plan = plan_step([a, b, c], 64, linear, 0.1, logit_rows=blocks_of_4)
+    assert [(r.kept, r.rows) for r in plan] == [(4, 4), (2, 4), (3, 3)]
+    # run 0-1: 6 verified in 8 rows -> 8 with logits (b's padding); run 5: 3 stays 3
+    assert [r.outputs for r in plan] == [4, 4, 3]
+    # a rule asking more than the padding holds gets what there is
+    plan = plan_step([a, b, c], 64, linear, 0.1, logit_rows=lambda n, rows: n + 5)
+    assert [r.outputs for r in plan] == [4, 4, 3]
 
 
 def test_the_measurement_waits_for_no_request_active_or_waiting() -> None:

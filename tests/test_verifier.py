@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 from suffixd.daemon.generation.certify import NEAR_TIE_GAP, TokenGap, certify_greedy
 from suffixd.daemon.generation.chat import ChatRenderer
-from suffixd.daemon.generation.cost_measure import _plausible, plan_batch_shapes
+from suffixd.daemon.generation.cost_measure import (
+    CostMeasurement,
+    _plausible,
+    padding_logits,
+    plan_batch_shapes,
+)
 from suffixd.daemon.generation.kv_slots import ContextOverflowError
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
@@ -314,6 +319,27 @@ def test_plan_batch_shapes_counts_padding_without_logits() -> None:
         {3: 4}, {1: 1.0, 3: 2.0, 4: 2.0})
 
 
+def test_padding_asks_for_logits_where_every_row_with_logits_measured_cheaper() -> None:
+    """The EPYC's shape: 8 rows with logits on 5-7 of them cost more than with logits on
+    all 8 (llama.cpp's output layer runs left-over rows one pass each)."""
+    seconds = {1: 13.0, 4: 35.0, 5: 50.0, 6: 55.0, 7: 60.0, 8: 43.0}
+    padded = {(5, 8): 54.0, (6, 8): 57.0, (7, 8): 41.0}
+    pad_to, _ = plan_batch_shapes(seconds, padded)
+    assert pad_to == {5: 8, 6: 8, 7: 8}
+    # 7 measured cheaper with its padding asking no logits; unmeasured shapes take the
+    # all-rows figure the plan was priced with
+    assert padding_logits(seconds, padded, pad_to) == {5, 6}
+    assert padding_logits(seconds, {}, pad_to) == {5, 6, 7}
+    host = CostMeasurement()
+    host._init_costs()
+    host._on_new_costs = lambda one: None  # type: ignore[method-assign]
+    host.restore_costs(seconds, padded)
+    # a ubatch of 5 verified rows in 8 asks logits for 8; in fewer rows, or 7 verified,
+    # for its verified rows only
+    assert [host._logit_rows(n, rows) for n, rows in ((5, 8), (5, 7), (7, 8), (4, 8))] == [
+        8, 5, 7, 4]
+
+
 def test_a_profile_where_one_token_is_not_the_cheapest_is_implausible() -> None:
     assert _plausible({1: [1.2, 1.0], 2: [2.0, 1.9], 8: [3.0]})
     assert _plausible({1: [1.0], 2: [1.0]})  # a tie is possible
@@ -322,10 +348,13 @@ def test_a_profile_where_one_token_is_not_the_cheapest_is_implausible() -> None:
     assert _plausible({2: [1.0], 4: [0.5]})  # nothing to compare with
 
 
-def test_padded_batches_stay_lossless_and_reproducible(verifier: Verifier, monkeypatch) -> None:
-    """Batches padded to a larger shape: the padding is never accepted, outputs equal
-    plain decoding (or part at a certified tie), and each recorded position's logits
-    are reproduced by a fresh evaluation with the same batch shape."""
+@pytest.mark.parametrize("padding_logits", [False, True])
+def test_padded_batches_stay_lossless_and_reproducible(verifier: Verifier, monkeypatch,
+                                                       padding_logits: bool) -> None:
+    """Batches padded to a larger shape, the padding asking for no logits or for logits
+    on every row: the padding is never accepted, outputs equal plain decoding (or part
+    at a certified tie), and each recorded position's logits are reproduced by a fresh
+    evaluation with the same batch shape and rows with logits."""
     renderer = ChatRenderer(verifier)
     _, prompt, _ = spider_turns(renderer, 2, 1)[1]
     params = GenerateParams(max_tokens=20, record_gaps=True, ignore_eos=True)
@@ -343,6 +372,7 @@ def test_padded_batches_stay_lossless_and_reproducible(verifier: Verifier, monke
 
     monkeypatch.setattr(verifier, "_run_step", spy)
     monkeypatch.setattr(verifier, "_pad_to", {n: 8 for n in range(2, 8)})
+    monkeypatch.setattr(verifier, "_pad_logits", set(range(2, 8)) if padding_logits else set())
     rnd = random.Random(7)
 
     def noisy(ctx, k):
@@ -352,8 +382,10 @@ def test_padded_batches_stay_lossless_and_reproducible(verifier: Verifier, monke
 
     out, gaps, last = run(verifier, "pad-spec", prompt, params, noisy)
     assert shapes and all(s in (1, 8) for s in shapes), shapes
-    # the padding asks for no logits: the rows verified are the draft and its bonus token
-    assert any(a < s for a, s in zip(asked, shapes, strict=True)), (asked, shapes)
+    if padding_logits:  # every row of a padded shape asks for logits
+        assert all(a == s for a, s in zip(asked, shapes, strict=True)), (asked, shapes)
+    else:  # the rows with logits are the draft and its bonus token
+        assert any(a < s for a, s in zip(asked, shapes, strict=True)), (asked, shapes)
     assert all(1 <= a <= s for a, s in zip(asked, shapes, strict=True))
     assert last.stats.accepted_tokens <= last.stats.drafted_tokens
     verdict, where = certify_greedy(ref_gaps, gaps)

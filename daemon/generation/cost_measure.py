@@ -131,6 +131,16 @@ def plan_batch_shapes(
     return pad_to, effective
 
 
+def padding_logits(seconds: dict[int, float], padded: dict[tuple[int, int], float],
+                   pad_to: dict[int, int]) -> set[int]:
+    """The padded sizes (``pad_to``'s keys) whose larger shape is cheaper with logits for
+    every row than for the real rows only: there the padding asks for logits too (wasted,
+    but llama.cpp's output layer, 262k wide for gemma-3, runs its row-blocked kernel on
+    them instead of a vector pass per left-over row: on the 2-core EPYC 8 rows with 7
+    logits cost 62 ms, with 8 logits 43 ms)."""
+    return {n for n, j in pad_to.items() if seconds[j] <= padded.get((n, j), seconds[j])}
+
+
 class _Host(Protocol):
     """What ``measure_cost_profile`` uses of its host (``Verifier``), its own state included."""
 
@@ -146,6 +156,7 @@ class _Host(Protocol):
     raw_cost_seconds: dict[int, float]
     padded_cost_seconds: dict[tuple[int, int], float]
     _pad_to: dict[int, int]
+    _pad_logits: set[int]
 
     @property
     def bos_token(self) -> int: ...
@@ -174,6 +185,7 @@ class CostMeasurement:
         # seconds of a j-token batch with logits for its first k rows, keyed (k, j)
         self.padded_cost_seconds: dict[tuple[int, int], float] = {}
         self._pad_to: dict[int, int] = {}
+        self._pad_logits: set[int] = set()  # padded sizes whose padding asks for logits
         # The last measurement looked distorted by machine load, and the figures that
         # say so (see measure_cost_profile).
         self.costs_distorted = False
@@ -193,6 +205,13 @@ class CostMeasurement:
         """How many tokens to add to a batch of ``n`` to reach a cheaper measured shape."""
         target = self._pad_to.get(n, n)
         return target - n if n < target <= limit else 0
+
+    def _logit_rows(self, n: int, rows: int) -> int:
+        """Rows of a ubatch of ``rows`` rows, ``n`` of them verified, that ask for logits:
+        ``n``, or the padded shape's size where logits on every row of it measured
+        cheaper (``padding_logits``) and the ubatch has that many rows."""
+        target = self._pad_to.get(n, n)
+        return target if n in self._pad_logits and n < target <= rows else n
 
     def measure_cost_profile(
         self: _Host, ks: Sequence[int] = tuple(range(1, 34)), reps: int = 5,
@@ -337,6 +356,7 @@ class CostMeasurement:
         pad_to, cost = plan_batch_shapes(raw, padded)
         self.raw_cost_seconds, self.padded_cost_seconds = dict(raw), dict(padded)
         self._pad_to = pad_to
+        self._pad_logits = padding_logits(raw, padded, pad_to)
         self.cost_seconds = cost
         one = cost[min(cost)]
         self._on_new_costs(one)

@@ -34,6 +34,11 @@ Planning a step (pure, unit-tested):
   draft) to the longest of each run of consecutive ids, which on the 2-core CPU measured
   costs a padded row about PAD_ROW_WEIGHT of a row with logits (the 262k-wide output
   layer runs only for rows with logits).
+* Logits where they make the ubatch cheaper: llama.cpp's CPU output layer takes rows with
+  logits in blocks of 4 and each left-over row in a pass of its own (8 rows with 7
+  logits cost 62 ms on the 2-core EPYC, with 8 logits 43 ms). Where the profile measured
+  the padded shape cheaper with logits on every row (``logit_rows``), a run's padding
+  rows ask for logits too (read by no one).
 
 Work that is not a step takes the model between two steps: ``exclusive()`` (KV changes,
 certification) goes before the waiting steps; ``quiet_exclusive(stop)`` (the cost
@@ -87,6 +92,9 @@ class StepRows:
     # set by the plan and the step
     kept: int = 0  # tokens of ``tokens`` evaluated
     rows: int = 0  # rows evaluated, padding included
+    # rows with logits: a decode's kept rows, and padding rows after them where the
+    # ubatch reaches a shape that is cheaper with logits on every row (0: the kept ones)
+    logits: int = 0
     offset: int = 0  # batch index of its first row
     shared: int = 0  # sequences in the step
     step_s: float = 0.0  # the decode's duration
@@ -98,8 +106,9 @@ class StepRows:
 
     @property
     def outputs(self) -> int:
-        """Rows with logits: every kept row of a decode, none of a prompt chunk."""
-        return 0 if self.prompt else self.kept
+        """Rows with logits: every kept row of a decode (and ``logits`` padding rows
+        past them), none of a prompt chunk."""
+        return 0 if self.prompt else max(self.kept, min(self.logits, self.rows))
 
 
 @dataclass
@@ -413,7 +422,8 @@ def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
 
 def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], float],
               rate: float, pad_to: Callable[[int, int], int] | None = None,
-              model: StepCostModel | None = None) -> list[StepRows]:
+              model: StepCostModel | None = None,
+              logit_rows: Callable[[int, int], int] | None = None) -> list[StepRows]:
     """Choose this step's requests and set their ``kept``, ``rows`` and ``offset``; the
     rest wait for the next step. Never empty when ``pending`` is not."""
     decodes = [r for r in pending if not r.prompt]
@@ -446,6 +456,9 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
         rows[i] = chosen[i].kept
     for r, n in zip(chosen, rows, strict=True):
         r.rows = n
+        r.logits = r.kept
+    if logit_rows is not None:
+        _ask_padding_logits(chosen, logit_rows)
     used = sum(rows)
     for r in prompts:
         left = n_batch - used
@@ -469,6 +482,19 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
         r.shared = len(chosen)
         offset += r.rows
     return chosen
+
+
+def _ask_padding_logits(decodes: Sequence[StepRows],
+                        logit_rows: Callable[[int, int], int]) -> None:
+    """Per run of consecutive ids (one ubatch once padded): ``logit_rows(verified,
+    rows)`` rows ask for logits, the extra ones on the run's padding rows."""
+    for run in _runs(decodes):
+        extra = logit_rows(sum(r.kept for r in run), sum(r.rows for r in run)) \
+            - sum(r.kept for r in run)
+        for r in run:
+            add = max(0, min(extra, r.rows - r.kept))
+            r.logits = r.kept + add
+            extra -= add
 
 
 class Interrupted(Exception):
@@ -502,13 +528,17 @@ class StepBatcher:
         cost: Callable[[int], float],
         pad_to: Callable[[int, int], int] | None = None,
         n_ubatch: int | None = None,
+        logit_rows: Callable[[int, int], int] | None = None,
     ) -> None:
         """``run(rows)``: evaluate the planned rows in one decode. ``cost(n)``: what a
-        step of n verified rows costs relative to one."""
+        step of n verified rows costs relative to one. ``pad_to(n, room)``: rows to add
+        to a lone step of n; ``logit_rows(n, rows)``: how many rows of a ubatch of
+        ``rows``, n of them verified, ask for logits (see ``plan_step``)."""
         self._run = run
         self.n_batch = n_batch
         self._cost = cost
         self._pad_to = pad_to
+        self._logit_rows = logit_rows
         self._cond = threading.Condition()
         self._pending: list[StepRows] = []
         self._members = 0  # generations between join() and leave()
@@ -675,7 +705,7 @@ class StepBatcher:
         """Plan and run one step (called with the condition held; released meanwhile)."""
         t_plan = time.perf_counter()
         batch = plan_step(self._pending, self.n_batch, self._cost, self.rate, self._pad_to,
-                          self.model if self.use_model else None)
+                          self.model if self.use_model else None, self._logit_rows)
         self.counters.plan_s += time.perf_counter() - t_plan
         taken = {id(r) for r in batch}
         self._pending = [r for r in self._pending if id(r) not in taken]
@@ -715,7 +745,7 @@ class StepBatcher:
         c.by_sequences[len(batch)] = c.by_sequences.get(len(batch), 0) + 1
         if error is None:
             self.model.observe(_entries(batch, [r.rows for r in batch],
-                                        [r.kept for r in batch]), dt)
+                                        [r.outputs for r in batch]), dt)
         if decodes:
             # the achieved rate in the planner's own units (what it compares plans in)
             modelled = self.model.price(_entries(decodes, [r.rows for r in decodes],

@@ -300,7 +300,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         # (through lambdas: a test may replace the bound methods)
         self._steps = StepBatcher(lambda b: self._run_step(b), n_batch,
                                   lambda n: self._relative_cost(n),
-                                  lambda n, limit: self._padding(n, limit), n_ubatch)
+                                  lambda n, limit: self._padding(n, limit), n_ubatch,
+                                  lambda n, rows: self._logit_rows(n, rows))
 
     @property
     def _turns(self) -> AbstractContextManager[None]:
@@ -415,7 +416,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
 
     def _run_step(self, batch: list[StepRows]) -> None:
         """One decode of a planned step: each request's kept tokens then its padding (the
-        last kept token again, no logits), at its own sequence and positions."""
+        last kept token again; logits only where the plan asks, ``StepRows.outputs``),
+        at its own sequence and positions."""
         if self._closed:  # freed: a decode now would touch freed memory
             raise RuntimeError("verifier is closed")
         rows = []
@@ -637,7 +639,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                             row = states[i].mask(rows[i]) if states else rows[i]
                             g = token_gap(row, path[i] if i < accepted else nxt)
                             g.pos0, g.batch, g.row = n_past, shape, i
-                            g.outputs = len(path) + 1
+                            g.outputs = req.outputs
                             gaps.append(g)
                         stats.record_s += time.perf_counter() - t_rec
                 else:
