@@ -3,8 +3,9 @@
 Each session owns one sequence id ("slot") of the context, a KV stream of its own
 (``kv_unified`` off) of ``n_ctx`` cells, and keeps it between turns so that a new
 prompt only pays for the tokens after its longest common prefix with what the slot
-holds. When every sequence id is taken, the least recently used idle slot gives
-its id up.
+holds. A new session takes a free id next to the busy ones (consecutive ids share a
+ubatch), else, when every id is taken, the idle slot next to busy ones or else the least
+recently used gives its id up.
 
 Interface (``KvSlots``, a mixin of ``Verifier``; the host sets ``_llama_cpp``,
 ``_mem``, ``n_ctx`` and ``n_swa`` and calls ``_init_slots`` in its constructor):
@@ -29,6 +30,7 @@ import ctypes
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +41,25 @@ log = logging.getLogger("suffixd.verifier")
 
 class ContextOverflowError(ValueError):
     """The prompt (plus what must be generated) does not fit the context window."""
+
+
+def _busy_neighbours(seq_id: int, busy: set[int]) -> int:
+    return (seq_id - 1 in busy) + (seq_id + 1 in busy)
+
+
+def pick_free_id(free: Sequence[int], busy: set[int]) -> int:
+    """The free sequence id for a new session: next to busy ones first (llama.cpp puts
+    only sequences of consecutive ids in one ubatch: two agents in ids 0 and 2 cost a
+    step two passes over the weights, 127 ms where ids 0 and 1 took 87 on the 2-core
+    EPYC), then the lowest."""
+    return min(free, key=lambda s: (-_busy_neighbours(s, busy), s))
+
+
+def pick_victim(idle: Sequence[tuple[float, int, str]], busy: set[int]) -> str:
+    """The idle slot (last used, sequence id, session key) a new session takes when no id
+    is free: next to busy ones first, then the least recently used. A session whose slot
+    is taken restarts, when it returns, from its best checkpoint in the prompt cache."""
+    return min(idle, key=lambda t: (-_busy_neighbours(t[1], busy), t[0], t[1]))[2]
 
 
 @dataclass
@@ -87,15 +108,18 @@ class KvSlots:
                         slot.busy = True
                         return slot
                 elif self._free_seq_ids:
-                    # the lowest free id: busy sequences of consecutive ids share ubatches
-                    self._free_seq_ids.sort()
-                    slot = Slot(seq_id=self._free_seq_ids.pop(0), busy=True)
+                    busy = {s.seq_id for s in self._slots.values() if s.busy}
+                    seq_id = pick_free_id(self._free_seq_ids, busy)
+                    self._free_seq_ids.remove(seq_id)
+                    slot = Slot(seq_id=seq_id, busy=True)
                     self._slots[key] = slot
                     return slot
                 else:
-                    idle = [(s.last_used, k) for k, s in self._slots.items() if not s.busy]
+                    idle = [(s.last_used, s.seq_id, k) for k, s in self._slots.items()
+                            if not s.busy]
                     if idle:
-                        _, victim = min(idle)
+                        busy = {s.seq_id for s in self._slots.values() if s.busy}
+                        victim = pick_victim(idle, busy)
                         old = self._slots.pop(victim)
                         with self._memory_guard():
                             self._llama_cpp.llama_memory_seq_rm(self._mem, old.seq_id, -1, -1)
