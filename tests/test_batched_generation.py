@@ -106,6 +106,47 @@ def test_generations_at_once_equal_each_alone_up_to_certified_near_ties(
     assert after["padding_rows"] > before["padding_rows"]
 
 
+def test_no_decode_spans_two_ubatches_even_when_its_rows_are_left_unequal(
+        verifier: Verifier, monkeypatch) -> None:
+    """Unequal rows in a run make llama.cpp split a step into ubatches; a drafted decode
+    whose rows spanned two of them and was rolled back parted from plain decoding far
+    beyond a near-tie (every turn of bench/batched_certify.py with the padding taken out).
+    The plan cuts such a decode to its first ubatch's rows: with the padding taken out
+    again, each output still equals the same generation alone up to certified near-ties."""
+    import suffixd.daemon.generation.step_batch as step_batch
+
+    prompts = _prompts(verifier, 4)
+    params = GenerateParams(max_tokens=48, ignore_eos=True, record_gaps=True)
+    alone = []
+    for i, p in enumerate(prompts):
+        alone.append(_run(verifier, f"whole-alone-{i}", p, params))
+        verifier.forget(f"whole-alone-{i}")
+    monkeypatch.setattr(step_batch, "padded_rows", lambda reqs, kept: list(kept))
+    together: list[Any] = [None] * len(prompts)
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            together[i] = _run(verifier, f"whole-together-{i}", prompts[i], params,
+                               _noisy(alone[i][0], len(prompts[i]), 10 + i))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert not errors, errors
+    for i in range(len(prompts)):
+        verifier.forget(f"whole-together-{i}")
+    for i, ((ref, ref_gaps), (out, gaps)) in enumerate(zip(alone, together, strict=True)):
+        verdict, where = certify_greedy(ref_gaps, gaps)
+        assert verdict != "diverged", (i, where, ref_gaps[where], gaps[where])
+        if verdict == "identical":
+            assert out == ref
+
+
 def test_sampling_keeps_its_distribution_in_shared_steps(verifier: Verifier) -> None:
     """The first sampled token of a generation that shares its steps with another one
     (which drafts): chi-square against the target's p, with a draft proposing the

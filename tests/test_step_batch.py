@@ -23,7 +23,7 @@ from suffixd.daemon.generation.step_batch import (
     plan_step,
     step_cost,
 )
-from suffixd.daemon.generation.step_cost import StepCostModel
+from suffixd.daemon.generation.step_cost import Entry, StepCostModel, split_equal
 
 
 def linear(n: int) -> float:
@@ -63,12 +63,13 @@ def blocks_of_4(n: int, rows: int) -> int:
 
 
 @settings(max_examples=300, deadline=None)
-@given(requests, st.integers(4, 64), st.floats(0.5, 6.0), st.booleans(), st.booleans())
-def test_a_plan_keeps_every_rule(spec, n_batch, rate, modelled, logits) -> None:
+@given(requests, st.integers(4, 64), st.floats(0.5, 6.0), st.booleans(), st.booleans(),
+       st.sampled_from([None, 4, 8, 16]))
+def test_a_plan_keeps_every_rule(spec, n_batch, rate, modelled, logits, n_ubatch) -> None:
     pending = _build(spec)
     model = StepCostModel(cpu_like, n_batch) if modelled else None
     plan = plan_step(pending, n_batch, cpu_like, rate, model=model,
-                     logit_rows=blocks_of_4 if logits else None)
+                     logit_rows=blocks_of_4 if logits else None, n_ubatch=n_ubatch)
     assert plan, "a plan is never empty while something waits"
     assert sum(r.rows for r in plan) <= n_batch
     offset = 0
@@ -98,6 +99,13 @@ def test_a_plan_keeps_every_rule(spec, n_batch, rate, modelled, logits) -> None:
         for run in runs:
             kept, rows = sum(r.kept for r in run), sum(r.rows for r in run)
             assert sum(r.outputs for r in run) == min(blocks_of_4(kept, rows), rows)
+    # no decode's rows span two of the ubatches llama.cpp splits the step into (a rolled
+    # back draft that did parted from plain decoding)
+    ubatches = split_equal([Entry(r.seq_id, r.rows, r.outputs, r.pos0, r.prompt)
+                            for r in plan], n_ubatch or n_batch)
+    for i, r in enumerate(plan):
+        if not r.prompt:
+            assert sum(i in u.members for u in ubatches) == 1, (plan, ubatches)
     # by sequence id (llama.cpp's split takes runs of consecutive ids in batch order);
     # every sequence at most once
     seqs = [r.seq_id for r in plan]
@@ -306,9 +314,10 @@ def test_the_modelled_plan_is_the_best_of_whole_drafts_none_and_the_plain_rule(
         assert value(got) >= value(whole) - 1e-9
 
 
-def test_a_plan_takes_the_layout_its_model_prices_lowest() -> None:
+def test_a_plan_takes_the_layout_its_model_prices_lowest_unless_it_splits_a_draft() -> None:
     """The EPYC figures (step_cost.py): one long draft beside seven plain sequences is
-    cheaper unpadded (two ubatches), three spread ones cheaper padded to one ubatch."""
+    priced cheaper unpadded (two ubatches), but its rows would span both, so the draft is
+    cut to the first ubatch's one row; three spread ones are cheaper padded to one ubatch."""
     model = StepCostModel(linear, 512, unit_seconds=0.011)
 
     def plan(lengths: list[int]) -> list[int]:
@@ -316,7 +325,7 @@ def test_a_plan_takes_the_layout_its_model_prices_lowest() -> None:
         chosen = plan_step(reqs, 512, linear, 0.01, model=model)
         return [r.rows for r in sorted(chosen, key=lambda r: r.seq_id)]
 
-    assert plan([4, 1, 1, 1, 1, 1, 1, 1]) == [4, 1, 1, 1, 1, 1, 1, 1]
+    assert plan([4, 1, 1, 1, 1, 1, 1, 1]) == [1] * 8
     assert plan([4, 1, 1, 4, 1, 1, 4, 1]) == [4] * 8
     assert plan([1] * 8) == [1] * 8
 

@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .step_cost import PAD_ROW_WEIGHT, Entry, StepCostModel
+from .step_cost import PAD_ROW_WEIGHT, Entry, StepCostModel, split_equal
 
 # A prompt chunk's share of a step when decoding rows would fill it: prompts still move.
 PROMPT_RESERVE = 64
@@ -423,7 +423,8 @@ def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
 def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], float],
               rate: float, pad_to: Callable[[int, int], int] | None = None,
               model: StepCostModel | None = None,
-              logit_rows: Callable[[int, int], int] | None = None) -> list[StepRows]:
+              logit_rows: Callable[[int, int], int] | None = None,
+              n_ubatch: int | None = None) -> list[StepRows]:
     """Choose this step's requests and set their ``kept``, ``rows`` and ``offset``; the
     rest wait for the next step. Never empty when ``pending`` is not."""
     decodes = [r for r in pending if not r.prompt]
@@ -476,12 +477,40 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
     # by sequence id, prompt chunks included: llama.cpp's split takes runs of consecutive
     # ids in batch order, so a prompt's first row shares the decoding rows' ubatch
     chosen.sort(key=lambda r: r.seq_id)
+    _keep_decodes_whole(chosen, n_ubatch or n_batch)
     offset = 0
     for r in chosen:
         r.offset = offset
         r.shared = len(chosen)
         offset += r.rows
     return chosen
+
+
+def _keep_decodes_whole(batch: list[StepRows], n_ubatch: int) -> None:
+    """Cut every decoding sequence whose rows llama.cpp would split over more than one
+    ubatch to the rows of its first (its draft shortened, or its padding): a decode whose
+    draft spans ubatches and is rolled back parts from plain decoding by far more than a
+    near-tie (bench/batched_certify.py: 24 of 24 turns diverged with every run left
+    unpadded; with the padded plan 5-18 of 24-48, where a short prompt chunk or a run's
+    dropped padding cut a run's ubatch; none once no decode spans two). ``batch``: in
+    batch order."""
+    while True:
+        entries = [Entry(r.seq_id, r.rows, r.outputs, r.pos0, r.prompt) for r in batch]
+        first: dict[int, int] = {}
+        spans: dict[int, int] = {}
+        for u in split_equal(entries, n_ubatch):
+            for i in u.members:
+                first.setdefault(i, u.depth)
+                spans[i] = spans.get(i, 0) + 1
+        cut = False
+        for i, r in enumerate(batch):
+            if not r.prompt and spans.get(i, 0) > 1:
+                r.rows = first[i]
+                r.kept = min(r.kept, r.rows)
+                r.logits = min(r.logits, r.rows)
+                cut = True
+        if not cut:
+            return
 
 
 def _ask_padding_logits(decodes: Sequence[StepRows],
@@ -705,7 +734,8 @@ class StepBatcher:
         """Plan and run one step (called with the condition held; released meanwhile)."""
         t_plan = time.perf_counter()
         batch = plan_step(self._pending, self.n_batch, self._cost, self.rate, self._pad_to,
-                          self.model if self.use_model else None, self._logit_rows)
+                          self.model if self.use_model else None, self._logit_rows,
+                          self.model.n_ubatch)
         self.counters.plan_s += time.perf_counter() - t_plan
         taken = {id(r) for r in batch}
         self._pending = [r for r in self._pending if id(r) not in taken]
