@@ -264,8 +264,9 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         cparams.kv_unified = False
         # Sliding-window layers keep only their window (+ a batch): attention over
         # n_swa cells instead of the whole context. Rolling back a rejected draft is
-        # safe: llama.cpp reuses a window cell only once it is outside the window of the
-        # next position, which a rollback never moves back past. Reusing a cached prompt
+        # safe while the draft sits in one ubatch (the plan keeps every decode in one:
+        # step_batch._keep_decodes_whole): llama.cpp reuses a window cell only once it is
+        # outside the window of the next position. Reusing a cached prompt
         # from further back than the window is not, so _reusable_prefix checks it.
         cparams.swa_full = False
         # No flash attention: llama.cpp's CPU kernel for batches of under 64 rows (0.3.36)
