@@ -68,22 +68,22 @@ def _noisy(ref: list[int], prompt_len: int, seed: int):
     return propose
 
 
-def test_generations_at_once_equal_each_alone_up_to_certified_near_ties(
-        verifier: Verifier) -> None:
-    prompts = _prompts(verifier, 4)
-    params = GenerateParams(max_tokens=24, ignore_eos=True, record_gaps=True)
+def _alone_then_together(verifier: Verifier, prompts: list[list[int]],
+                          params: GenerateParams, tag: str, seed: int = 0
+                          ) -> tuple[list[Any], list[Any]]:
+    """Each prompt generated alone (no drafts), then all at once in shared steps with
+    noisy drafts from their own reference outputs; both runs' (tokens, gaps)."""
     alone = []
     for i, p in enumerate(prompts):
-        alone.append(_run(verifier, f"alone-{i}", p, params))
-        verifier.forget(f"alone-{i}")
-    before = verifier.batch_stats()
+        alone.append(_run(verifier, f"{tag}alone-{i}", p, params))
+        verifier.forget(f"{tag}alone-{i}")
     together: list[Any] = [None] * len(prompts)
     errors: list[BaseException] = []
 
     def worker(i: int) -> None:
         try:
-            together[i] = _run(verifier, f"together-{i}", prompts[i], params,
-                               _noisy(alone[i][0], len(prompts[i]), i))
+            together[i] = _run(verifier, f"{tag}together-{i}", prompts[i], params,
+                               _noisy(alone[i][0], len(prompts[i]), seed + i))
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -93,12 +93,28 @@ def test_generations_at_once_equal_each_alone_up_to_certified_near_ties(
     for t in threads:
         t.join(600)
     assert not errors, errors
-    after = verifier.batch_stats()
+    for i in range(len(prompts)):
+        verifier.forget(f"{tag}together-{i}")
+    return alone, together
+
+
+def _assert_certified(alone: list[Any], together: list[Any]) -> None:
+    """Each shared-step output equals its generation alone up to certified near-ties."""
     for i, ((ref, ref_gaps), (out, gaps)) in enumerate(zip(alone, together, strict=True)):
         verdict, where = certify_greedy(ref_gaps, gaps)
         assert verdict != "diverged", (i, where, ref_gaps[where], gaps[where])
         if verdict == "identical":
             assert out == ref
+
+
+def test_generations_at_once_equal_each_alone_up_to_certified_near_ties(
+        verifier: Verifier) -> None:
+    prompts = _prompts(verifier, 4)
+    params = GenerateParams(max_tokens=24, ignore_eos=True, record_gaps=True)
+    before = verifier.batch_stats()
+    alone, together = _alone_then_together(verifier, prompts, params, "")
+    after = verifier.batch_stats()
+    _assert_certified(alone, together)
     # the steps were shared, and sequences of unequal drafts were padded to equal rows
     shared = sum(v for k, v in after["by_sequences"].items() if int(k) > 1) - sum(
         v for k, v in before["by_sequences"].items() if int(k) > 1)
@@ -117,34 +133,9 @@ def test_no_decode_spans_two_ubatches_even_when_its_rows_are_left_unequal(
 
     prompts = _prompts(verifier, 4)
     params = GenerateParams(max_tokens=48, ignore_eos=True, record_gaps=True)
-    alone = []
-    for i, p in enumerate(prompts):
-        alone.append(_run(verifier, f"whole-alone-{i}", p, params))
-        verifier.forget(f"whole-alone-{i}")
     monkeypatch.setattr(step_batch, "padded_rows", lambda reqs, kept: list(kept))
-    together: list[Any] = [None] * len(prompts)
-    errors: list[BaseException] = []
-
-    def worker(i: int) -> None:
-        try:
-            together[i] = _run(verifier, f"whole-together-{i}", prompts[i], params,
-                               _noisy(alone[i][0], len(prompts[i]), 10 + i))
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
-    assert not errors, errors
-    for i in range(len(prompts)):
-        verifier.forget(f"whole-together-{i}")
-    for i, ((ref, ref_gaps), (out, gaps)) in enumerate(zip(alone, together, strict=True)):
-        verdict, where = certify_greedy(ref_gaps, gaps)
-        assert verdict != "diverged", (i, where, ref_gaps[where], gaps[where])
-        if verdict == "identical":
-            assert out == ref
+    alone, together = _alone_then_together(verifier, prompts, params, "whole-", seed=10)
+    _assert_certified(alone, together)
 
 
 def test_sampling_keeps_its_distribution_in_shared_steps(verifier: Verifier) -> None:
