@@ -19,10 +19,7 @@ import statistics
 import time
 
 import llama_cpp
-from llama_cpp import _internals
-from suffixd.daemon.model import embedded_model_path, extra_weight_buffers
-
-Rows = list[tuple[int, list[int], int, int]]  # (sequence, tokens, first position, outputs)
+from shared_step_cost import Rows, open_streams
 
 
 def main() -> None:
@@ -33,35 +30,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     n = args.sequences
-    llama_cpp.llama_backend_init()
-    mp = llama_cpp.llama_model_default_params()
-    mp.use_extra_bufts = extra_weight_buffers()
-    model = _internals.LlamaModel(path_model=str(embedded_model_path()), params=mp,
-                                  verbose=False)
-    cp = llama_cpp.llama_context_default_params()
-    cp.n_ctx = 32768 * n
-    cp.n_batch = cp.n_ubatch = 512
-    cp.n_threads = cp.n_threads_batch = args.threads
-    cp.n_seq_max = n
-    cp.kv_unified = False
-    cp.swa_full = False
-    cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    ctx = _internals.LlamaContext(model=model, params=cp, verbose=False)
-    batch = _internals.LlamaBatch(n_tokens=512, embd=0, n_seq_max=1, verbose=False)
-    b = batch.batch
+    decode, memory = open_streams(n, 32768, args.threads)
     rng = random.Random(0)
-
-    def decode(rows: Rows) -> None:
-        k = 0
-        for seq, toks, pos0, outs in rows:
-            for i, t in enumerate(toks):
-                b.token[k], b.pos[k], b.n_seq_id[k] = t, pos0 + i, 1
-                b.seq_id[k][0] = seq
-                b.logits[k] = i < outs
-                k += 1
-        b.n_tokens = k
-        if llama_cpp.llama_decode(ctx.ctx, b) != 0:
-            raise RuntimeError("llama_decode failed")
 
     for s in range(n):
         toks = [rng.randrange(1000, 20000) for _ in range(args.context)]
@@ -74,7 +44,7 @@ def main() -> None:
             decode(rows)
             dt = time.perf_counter() - t0
             for seq, _, pos0, _ in rows:
-                llama_cpp.llama_memory_seq_rm(ctx.memory, seq, pos0, -1)
+                llama_cpp.llama_memory_seq_rm(memory, seq, pos0, -1)
             return dt
         once()
         return statistics.median(once() for _ in range(7)) * 1e3

@@ -16,12 +16,52 @@ import argparse
 import random
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import llama_cpp
 from llama_cpp import _internals
 from suffixd.daemon.model import embedded_model_path, extra_weight_buffers
 
 Rows = list[tuple[int, list[int], int, int]]  # (sequence, tokens, first position, outputs)
+
+
+def open_streams(n: int, ctx_size: int, threads: int, unified: bool = False
+                 ) -> tuple[Callable[[Rows], None], Any]:
+    """The embedded model in a context of ``n`` sequences of ``ctx_size`` cells each (a KV
+    stream each, as the daemon's verifier; ``unified``: one pool), no flash attention:
+    a ``decode(rows)`` of it and its memory handle (kept alive by the closure)."""
+    llama_cpp.llama_backend_init()
+    mp = llama_cpp.llama_model_default_params()
+    mp.use_extra_bufts = extra_weight_buffers()
+    model = _internals.LlamaModel(path_model=str(embedded_model_path()), params=mp,
+                                  verbose=False)
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_ctx = ctx_size * n
+    cp.n_batch = cp.n_ubatch = 512
+    cp.n_threads = cp.n_threads_batch = threads
+    cp.n_seq_max = n
+    cp.kv_unified = unified
+    cp.swa_full = False
+    cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    ctx = _internals.LlamaContext(model=model, params=cp, verbose=False)
+    batch = _internals.LlamaBatch(n_tokens=512, embd=0, n_seq_max=1, verbose=False)
+    b = batch.batch
+
+    def decode(rows: Rows) -> None:
+        _ = model, batch  # kept alive with the context
+        k = 0
+        for seq, toks, pos0, outs in rows:
+            for i, t in enumerate(toks):
+                b.token[k], b.pos[k], b.n_seq_id[k] = t, pos0 + i, 1
+                b.seq_id[k][0] = seq
+                b.logits[k] = i < outs
+                k += 1
+        b.n_tokens = k
+        if llama_cpp.llama_decode(ctx.ctx, b) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    return decode, ctx.memory
 
 
 def main() -> None:
@@ -34,35 +74,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="1;1,1;1,1,1,1;4,4,4,4;8,8,8,8;2,8,12,10;1,16,1,16")
     args = ap.parse_args()
     n = args.sequences
-    llama_cpp.llama_backend_init()
-    mp = llama_cpp.llama_model_default_params()
-    mp.use_extra_bufts = extra_weight_buffers()
-    model = _internals.LlamaModel(path_model=str(embedded_model_path()), params=mp,
-                                  verbose=False)
-    cp = llama_cpp.llama_context_default_params()
-    cp.n_ctx = args.ctx_size * n
-    cp.n_batch = cp.n_ubatch = 512
-    cp.n_threads = cp.n_threads_batch = args.threads
-    cp.n_seq_max = n
-    cp.kv_unified = args.unified
-    cp.swa_full = False
-    cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    ctx = _internals.LlamaContext(model=model, params=cp, verbose=False)
-    batch = _internals.LlamaBatch(n_tokens=512, embd=0, n_seq_max=1, verbose=False)
-    b = batch.batch
+    decode, memory = open_streams(n, args.ctx_size, args.threads, args.unified)
     rng = random.Random(0)
-
-    def decode(rows: Rows) -> None:
-        k = 0
-        for seq, toks, pos0, outs in rows:
-            for i, t in enumerate(toks):
-                b.token[k], b.pos[k], b.n_seq_id[k] = t, pos0 + i, 1
-                b.seq_id[k][0] = seq
-                b.logits[k] = i < outs
-                k += 1
-        b.n_tokens = k
-        if llama_cpp.llama_decode(ctx.ctx, b) != 0:
-            raise RuntimeError("llama_decode failed")
 
     lens = {}
     for s in range(n):
@@ -79,7 +92,7 @@ def main() -> None:
             dt = time.perf_counter() - t0
             for rows in groups:
                 for seq, _, pos0, _ in rows:
-                    llama_cpp.llama_memory_seq_rm(ctx.memory, seq, pos0, -1)
+                    llama_cpp.llama_memory_seq_rm(memory, seq, pos0, -1)
             return dt
         once()
         return statistics.median(once() for _ in range(5)) * 1e3
