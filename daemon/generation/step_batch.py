@@ -477,7 +477,8 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
     # by sequence id, prompt chunks included: llama.cpp's split takes runs of consecutive
     # ids in batch order, so a prompt's first row shares the decoding rows' ubatch
     chosen.sort(key=lambda r: r.seq_id)
-    _keep_decodes_whole(chosen, n_ubatch or n_batch)
+    if _keep_decodes_whole(chosen, n_ubatch or n_batch) and logit_rows is not None:
+        _ask_padding_logits([r for r in chosen if not r.prompt], logit_rows)
     offset = 0
     for r in chosen:
         r.offset = offset
@@ -486,14 +487,15 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
     return chosen
 
 
-def _keep_decodes_whole(batch: list[StepRows], n_ubatch: int) -> None:
+def _keep_decodes_whole(batch: list[StepRows], n_ubatch: int) -> bool:
     """Cut every decoding sequence whose rows llama.cpp would split over more than one
     ubatch to the rows of its first (its draft shortened, or its padding): a decode whose
     draft spans ubatches and is rolled back parts from plain decoding by far more than a
     near-tie (bench/batched_certify.py: 24 of 24 turns diverged with every run left
     unpadded; with the padded plan 5-18 of 24-48, where a short prompt chunk or a run's
     dropped padding cut a run's ubatch; none once no decode spans two). ``batch``: in
-    batch order."""
+    batch order. Returns whether it cut any."""
+    any_cut = False
     while True:
         entries = [Entry(r.seq_id, r.rows, r.outputs, r.pos0, r.prompt) for r in batch]
         first: dict[int, int] = {}
@@ -508,9 +510,9 @@ def _keep_decodes_whole(batch: list[StepRows], n_ubatch: int) -> None:
                 r.rows = first[i]
                 r.kept = min(r.kept, r.rows)
                 r.logits = min(r.logits, r.rows)
-                cut = True
+                cut = any_cut = True
         if not cut:
-            return
+            return any_cut
 
 
 def _ask_padding_logits(decodes: Sequence[StepRows],
