@@ -24,6 +24,7 @@ from typing import Any
 
 import click
 
+from .bench_certify import TextCertifier
 from .bench_concurrency import (
     first_turns,
     parse_levels,
@@ -54,11 +55,14 @@ from .llama_server import llama_server_options
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 20),
               help="With --concurrency: run every level this many times and report the "
                    "ratios' mean and spread.")
+@click.option("--certify/--no-certify", default=True, show_default=True,
+              help="With --concurrency: after the timed runs, judge suffixd's texts against "
+                   "plain decoding of the same prompts (identical, near-tie, diverged).")
 @llama_server_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | None, n_ctx: int,
                 threads: int, modes: str, turns_limit: int, concurrency: str | None,
-                profiles: Path | None, repeat: int, llama_server: str | None,
+                profiles: Path | None, repeat: int, certify: bool, llama_server: str | None,
                 spec_types: str | None, ls_flash_attn: str, ls_plain: bool,
                 as_json: bool) -> None:
     """Replay WORKLOAD's sessions whole, turn by turn, as an agent sends them."""
@@ -78,9 +82,11 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
     if not todo:
         raise click.ClickException(f"{workload}: no assistant turns")
     if levels is not None:
+        # one plain decoding of every turn serves every run's certification
+        certifier = TextCertifier(model_path, n_ctx, max_tokens, threads) if certify else None
         runs = [run_concurrency(workload, todo, levels, max_tokens, model, model_path, n_ctx,
                                 threads, llama_server, spec_types, ls_flash_attn, ls_plain,
-                                profiles) for _ in range(repeat)]
+                                profiles, certifier) for _ in range(repeat)]
         c_out = runs[0] if repeat == 1 else {"runs": runs,
                                               "repeat_summary": repeat_summary(runs)}
         if as_json:

@@ -19,8 +19,10 @@ system and counted. Reported per (system, N): aggregate completion tok/s (all co
 tokens over the wall time from the first request to the last reply), that wall time,
 mean session wall, turn mean and p95, decode tok/s as the servers report it (per
 request), turns; per N, suffixd's aggregate rate against the best llama-server system's
-and against suffixd's own at N = 1; and ``greedy_same``: the turns whose suffixd text at
-N equals suffixd's text at the first level (batching must not change greedy output).
+and against suffixd's own at N = 1; ``greedy_same``: the turns whose suffixd text at
+N equals suffixd's text at the first level; and with a ``TextCertifier``
+(cli/bench_certify.py), ``certified``: per N, suffixd's turns judged against plain decoding
+(identical, near-tie, diverged), after the timed runs.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any, TypeVar
 import click
 
 from ..daemon.generation.cost_store import FILE_NAME
+from .bench_certify import TextCertifier
 from .bench_generate import fits_side_by_side, p95
 
 S = TypeVar("S")
@@ -208,6 +211,10 @@ def repeat_summary(outs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if got:
             out[n] = {"suffixd_vs_ls_best": got, "mean": round(sum(got) / len(got), 4),
                       "min": min(got), "max": max(got)}
+            verdicts = [o["certified"][n] for o in outs if n in o.get("certified", {})]
+            if verdicts:
+                out[n]["certified"] = {k: sum(v[k] for v in verdicts)
+                                       for k in ("identical", "near_tie", "diverged")}
     return out
 
 
@@ -269,8 +276,10 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                     max_tokens: int, model: str | None, model_path: Path, n_ctx: int,
                     threads: int, llama_server: str | None, spec_types: str | None,
                     ls_flash_attn: str, ls_plain: bool,
-                    profiles: Path | None = None) -> dict[str, Any]:
-    """Every level, every system, a fresh server each; the figures as one JSON object."""
+                    profiles: Path | None = None,
+                    certifier: TextCertifier | None = None) -> dict[str, Any]:
+    """Every level, every system, a fresh server each; the figures as one JSON object
+    (with ``certifier``, suffixd's texts certified once the servers are stopped)."""
     import openai
 
     from ..daemon.generation.chat import ChatRenderer
@@ -348,12 +357,14 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                     srv.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    certified = certifier.verdicts(plan, texts) if certifier is not None else None
 
     return {"workload": str(workload), "sessions": len(plan),
             "turns": sum(len(t) for _, t in plan), "skipped_turns": skipped, "n_ctx": n_ctx,
             "max_tokens": max_tokens, "threads": threads, "concurrency": levels,
             "results": {s: {str(n): v for n, v in r.items()} for s, r in results.items()},
-            **ratios(results, levels), "greedy_same": greedy_same(texts, levels)}
+            **ratios(results, levels), "greedy_same": greedy_same(texts, levels),
+            **({"certified": certified} if certified is not None else {})}
 
 
 def report(out: dict[str, Any]) -> None:
@@ -364,8 +375,11 @@ def report(out: dict[str, Any]) -> None:
             click.echo(f"--- run {k} of {len(out['runs'])}")
             report(run)
         for n, r in out["repeat_summary"].items():
+            c = r.get("certified")
+            verdicts = (f"; against plain decoding {c['identical']} identical, "
+                        f"{c['near_tie']} near-tie, {c['diverged']} diverged") if c else ""
             click.echo(f"N={n}: suffixd / llama-server's best over {len(r['suffixd_vs_ls_best'])}"
-                       f" runs: mean {r['mean']:.3f}, {r['min']:.3f}-{r['max']:.3f}")
+                       f" runs: mean {r['mean']:.3f}, {r['min']:.3f}-{r['max']:.3f}{verdicts}")
         return
     click.echo(f"{Path(out['workload']).name}: {out['sessions']} sessions, {out['turns']} "
                f"turns ({out['skipped_turns']} do not fit {out['n_ctx']} tokens), "
@@ -393,3 +407,7 @@ def report(out: dict[str, Any]) -> None:
         click.echo(f"N={n}: suffixd / suffixd at N=1 aggregate tok/s: {x:.3f}")
     for n, same in out["greedy_same"].items():
         click.echo(f"N={n}: suffixd text same as at N={out['concurrency'][0]}: {same}")
+    for n, c in out.get("certified", {}).items():
+        where = "".join(f"; diverged: {s} turn {i} at token {at}" for s, i, at in c["diverged_at"])
+        click.echo(f"N={n}: suffixd against plain decoding: {c['identical']} identical, "
+                   f"{c['near_tie']} near-tie, {c['diverged']} diverged{where}")

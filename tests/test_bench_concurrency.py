@@ -164,6 +164,18 @@ def test_repeat_summary_gives_each_runs_ratio_and_their_spread(capsys) -> None:
         "mean 0.900, 0.800-1.000" in shown
 
 
+def test_repeat_summary_adds_up_the_runs_certification() -> None:
+    def run(diverged: int) -> dict:
+        return {"concurrency": [8], "suffixd_vs_ls_best": {"8": 1.0},
+                "certified": {"8": {"identical": 40, "near_tie": 8 - diverged,
+                                    "diverged": diverged, "diverged_at": []}}}
+
+    got = repeat_summary([run(0), run(2)])
+    assert got["8"]["certified"] == {"identical": 80, "near_tie": 14, "diverged": 2}
+    assert "certified" not in repeat_summary([{"concurrency": [8],
+                                               "suffixd_vs_ls_best": {"8": 1.0}}])["8"]
+
+
 def test_greedy_same_counts_turns_equal_to_the_first_level() -> None:
     texts = {1: {("a", 0): "x", ("a", 1): "y"}, 4: {("a", 0): "x", ("a", 1): "z"},
              8: {("a", 0): "x", ("a", 1): "y"}}

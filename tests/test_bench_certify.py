@@ -1,0 +1,81 @@
+"""The concurrency benchmark's text certification, on the embedded model: texts a lossless
+run writes pass, texts that leave plain decoding where it is sure fail at that token."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+from suffixd.cli.bench_certify import TextCertifier
+from suffixd.cli.bench_concurrency import PlannedTurn
+from suffixd.daemon.generation.verifier import GenerateParams, Verifier
+from suffixd.daemon.model import embedded_model_path
+
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def verifier() -> Iterator[Verifier]:
+    v = Verifier(embedded_model_path(), n_ctx=2048, n_threads=2, n_slots=2)
+    yield v
+    v.close()
+
+
+def _turns(v: Verifier) -> list[PlannedTurn]:
+    texts = ["<start_of_turn>user\nList the tables of a school database.<end_of_turn>\n"
+             "<start_of_turn>model\n",
+             "<start_of_turn>user\nWrite SQL: count the singers.<end_of_turn>\n"
+             "<start_of_turn>model\n"]
+    return [PlannedTurn(i, [], v.tokenize(t, add_bos=True, special=True))
+            for i, t in enumerate(texts)]
+
+
+def _text(v: Verifier, tokens: list[int]) -> str:
+    return b"".join(v.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+def test_drafted_texts_pass_and_texts_leaving_plain_decoding_fail(verifier: Verifier) -> None:
+    turns = _turns(verifier)
+    plain = []
+    for t in turns:
+        toks: list[int] = []
+        for c in verifier.generate("ref", t.prompt, GenerateParams(max_tokens=MAX_TOKENS)):
+            toks += c.tokens
+        verifier.forget("ref")
+        plain.append(toks)
+    # a speculative run with drafts that are often wrong: lossless, so never diverged
+    drafted = []
+    for t, ref in zip(turns, plain, strict=True):
+        rnd = random.Random(len(ref))
+
+        def propose(ctx: list[int], k: int, ref: list[int] = ref, n: int = len(t.prompt),
+                    rnd: random.Random = rnd) -> list[int]:
+            d = ref[len(ctx) - n: len(ctx) - n + rnd.randint(0, k)]
+            return [x if rnd.random() < 0.7 else (x + 3) % 1000 for x in d]
+
+        toks = []
+        for c in verifier.generate("drafted", t.prompt, GenerateParams(max_tokens=MAX_TOKENS),
+                                   propose):
+            toks += c.tokens
+        verifier.forget("drafted")
+        drafted.append(_text(verifier, toks))
+    k = 5
+    texts = {
+        1: {("s", t.index): d for t, d in zip(turns, drafted, strict=True)},
+        # the served run wrote something plain decoding rates far below its best
+        2: {("s", t.index): _text(verifier, p[:k]) + "\u2603\u2603\u2603"
+            for t, p in zip(turns, plain, strict=True)},
+        # it stopped where plain decoding is sure to go on
+        3: {("s", turns[0].index): _text(verifier, plain[0][:k])},
+    }
+    c = TextCertifier(embedded_model_path(), 2048, MAX_TOKENS, 2)
+    got = c.verdicts([("s", turns)], texts)
+    assert got["1"]["diverged"] == 0 and got["1"]["identical"] + got["1"]["near_tie"] == 2
+    assert got["2"]["diverged"] == 2
+    assert got["2"]["diverged_at"] == [["s", 0, k], ["s", 1, k]]
+    assert got["3"]["diverged_at"] == [["s", 0, k]]
+    # the references are made once: a second call decodes nothing again
+    made = {key: id(v) for key, v in c.references.items()}
+    assert c.verdicts([("s", turns)], {1: texts[1]})["1"] == got["1"]
+    assert {key: id(v) for key, v in c.references.items()} == made
