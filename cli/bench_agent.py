@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from .bench_certify import TextCertifier
+from .bench_certify import TokenCertifier
 from .bench_concurrency import (
     first_turns,
     parse_levels,
@@ -56,7 +56,7 @@ from .llama_server import llama_server_options
               help="With --concurrency: run every level this many times and report the "
                    "ratios' mean and spread.")
 @click.option("--certify/--no-certify", default=True, show_default=True,
-              help="With --concurrency: after the timed runs, judge suffixd's texts against "
+              help="With --concurrency: after the timed runs, judge suffixd's answers against "
                    "plain decoding of the same prompts (identical, near-tie, diverged).")
 @llama_server_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -83,7 +83,7 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
         raise click.ClickException(f"{workload}: no assistant turns")
     if levels is not None:
         # one plain decoding of every turn serves every run's certification
-        certifier = TextCertifier(model_path, n_ctx, max_tokens, threads) if certify else None
+        certifier = TokenCertifier(model_path, n_ctx, max_tokens, threads) if certify else None
         runs = [run_concurrency(workload, todo, levels, max_tokens, model, model_path, n_ctx,
                                 threads, llama_server, spec_types, ls_flash_attn, ls_plain,
                                 profiles, certifier) for _ in range(repeat)]

@@ -20,9 +20,9 @@ tokens over the wall time from the first request to the last reply), that wall t
 mean session wall, turn mean and p95, decode tok/s as the servers report it (per
 request), turns; per N, suffixd's aggregate rate against the best llama-server system's
 and against suffixd's own at N = 1; ``greedy_same``: the turns whose suffixd text at
-N equals suffixd's text at the first level; and with a ``TextCertifier``
-(cli/bench_certify.py), ``certified``: per N, suffixd's turns judged against plain decoding
-(identical, near-tie, diverged), after the timed runs.
+N equals suffixd's text at the first level; and with a ``TokenCertifier``
+(cli/bench_certify.py), ``certified``: per N, suffixd's turns (their ``token_ids``) judged
+against plain decoding (identical, near-tie, diverged), after the timed runs.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 import click
 
 from ..daemon.generation.cost_store import FILE_NAME
-from .bench_certify import TextCertifier
+from .bench_certify import TokenCertifier
 from .bench_generate import fits_side_by_side, p95
 
 S = TypeVar("S")
@@ -277,9 +277,9 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                     threads: int, llama_server: str | None, spec_types: str | None,
                     ls_flash_attn: str, ls_plain: bool,
                     profiles: Path | None = None,
-                    certifier: TextCertifier | None = None) -> dict[str, Any]:
+                    certifier: TokenCertifier | None = None) -> dict[str, Any]:
     """Every level, every system, a fresh server each; the figures as one JSON object
-    (with ``certifier``, suffixd's texts certified once the servers are stopped)."""
+    (with ``certifier``, suffixd's answers certified once the servers are stopped)."""
     import openai
 
     from ..daemon.generation.chat import ChatRenderer
@@ -299,6 +299,7 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
         raise click.ClickException(f"no turn fits {n_ctx} tokens")
     results: dict[str, dict[int, dict[str, Any]]] = {}
     texts: dict[int, dict[tuple[str, int], str]] = {}
+    answers: dict[int, dict[tuple[str, int], list[int]]] = {}
     tmp = Path(tempfile.mkdtemp(prefix="suffixd-bench-concurrency-"))
     profiles = profiles or tmp / "profiles"
 
@@ -322,13 +323,17 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                 oai = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0,
                                     timeout=1800)
 
-                def ask(session: str, t: PlannedTurn, oai: Any = oai
-                        ) -> tuple[int, float, str]:
+                ids = answers.setdefault(n, {})
+
+                def ask(session: str, t: PlannedTurn, oai: Any = oai,
+                        ids: dict[tuple[str, int], list[int]] = ids) -> tuple[int, float, str]:
                     r = oai.chat.completions.create(
                         model="default", messages=t.messages,
                         temperature=0, max_tokens=max_tokens, extra_headers={
                             "X-Suffixd-Namespace": "bench-concurrency",
-                            "X-Suffixd-Session": session})
+                            "X-Suffixd-Session": session},
+                        extra_body={"return_token_ids": True})
+                    ids[(session, t.index)] = (r.choices[0].model_extra or {})["token_ids"]
                     extra = (r.model_extra or {}).get("suffixd", {})
                     return (r.usage.completion_tokens if r.usage else 0,
                             float(extra.get("decode_seconds", 0.0)),
@@ -357,7 +362,7 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                     srv.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    certified = certifier.verdicts(plan, texts) if certifier is not None else None
+    certified = certifier.verdicts(plan, answers) if certifier is not None else None
 
     return {"workload": str(workload), "sessions": len(plan),
             "turns": sum(len(t) for _, t in plan), "skipped_turns": skipped, "n_ctx": n_ctx,

@@ -1,5 +1,5 @@
-"""The concurrency benchmark's text certification, on the embedded model: texts a lossless
-run writes pass, texts that leave plain decoding where it is sure fail at that token."""
+"""The concurrency benchmark's certification, on the embedded model: what a lossless run
+writes passes, answers that leave plain decoding where it is sure fail at that token."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 from collections.abc import Iterator
 
 import pytest
-from suffixd.cli.bench_certify import TextCertifier
+from suffixd.cli.bench_certify import TokenCertifier
 from suffixd.cli.bench_concurrency import PlannedTurn
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
@@ -31,11 +31,7 @@ def _turns(v: Verifier) -> list[PlannedTurn]:
             for i, t in enumerate(texts)]
 
 
-def _text(v: Verifier, tokens: list[int]) -> str:
-    return b"".join(v.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
-
-
-def test_drafted_texts_pass_and_texts_leaving_plain_decoding_fail(verifier: Verifier) -> None:
+def test_drafted_answers_pass_and_answers_leaving_plain_decoding_fail(verifier: Verifier) -> None:
     turns = _turns(verifier)
     plain = []
     for t in turns:
@@ -59,23 +55,22 @@ def test_drafted_texts_pass_and_texts_leaving_plain_decoding_fail(verifier: Veri
                                    propose):
             toks += c.tokens
         verifier.forget("drafted")
-        drafted.append(_text(verifier, toks))
+        drafted.append(toks)
     k = 5
-    texts = {
+    far = [verifier.tokenize("\u2603\u2603\u2603")[0]]  # plain rates it far below its best
+    answers = {
         1: {("s", t.index): d for t, d in zip(turns, drafted, strict=True)},
-        # the served run wrote something plain decoding rates far below its best
-        2: {("s", t.index): _text(verifier, p[:k]) + "\u2603\u2603\u2603"
-            for t, p in zip(turns, plain, strict=True)},
+        2: {("s", t.index): p[:k] + far for t, p in zip(turns, plain, strict=True)},
         # it stopped where plain decoding is sure to go on
-        3: {("s", turns[0].index): _text(verifier, plain[0][:k])},
+        3: {("s", turns[0].index): plain[0][:k]},
     }
-    c = TextCertifier(embedded_model_path(), 2048, MAX_TOKENS, 2)
-    got = c.verdicts([("s", turns)], texts)
+    c = TokenCertifier(embedded_model_path(), 2048, MAX_TOKENS, 2)
+    got = c.verdicts([("s", turns)], answers)
     assert got["1"]["diverged"] == 0 and got["1"]["identical"] + got["1"]["near_tie"] == 2
     assert got["2"]["diverged"] == 2
-    assert got["2"]["diverged_at"] == [["s", 0, k], ["s", 1, k]]
-    assert got["3"]["diverged_at"] == [["s", 0, k]]
+    assert [d[:3] for d in got["2"]["diverged_at"]] == [["s", 0, k], ["s", 1, k]]
+    assert [d[:3] for d in got["3"]["diverged_at"]] == [["s", 0, k]]
     # the references are made once: a second call decodes nothing again
     made = {key: id(v) for key, v in c.references.items()}
-    assert c.verdicts([("s", turns)], {1: texts[1]})["1"] == got["1"]
+    assert c.verdicts([("s", turns)], {1: answers[1]})["1"] == got["1"]
     assert {key: id(v) for key, v in c.references.items()} == made

@@ -11,9 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import llama_cpp
 import openai
 import pytest
 from suffixd.daemon.http_api.session_finder import SessionFinder
+from suffixd.daemon.model import embedded_model_path
 
 from tests.conftest import wait_costs_measured
 
@@ -66,6 +68,15 @@ def test_chat_equals_the_grpc_path_streaming_or_not(http_daemon: Any) -> None:
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     extra = r.model_extra["suffixd"]
     assert extra["namespace"] == "eq-http" and extra["session"]
+    assert "token_ids" not in r.choices[0].model_extra
+    # vLLM's return_token_ids: the generated tokens, which spell the content
+    r = http_daemon.oai.chat.completions.create(
+        model="default", messages=msgs, max_tokens=16, temperature=0,
+        extra_headers=ns_headers("eq-ids"), extra_body={"return_token_ids": True})
+    ids = r.choices[0].model_extra["token_ids"]
+    assert len(ids) == r.usage.completion_tokens and all(isinstance(t, int) for t in ids)
+    vocab = llama_cpp.Llama(str(embedded_model_path()), vocab_only=True, verbose=False)
+    assert vocab.detokenize(ids).decode("utf-8", errors="replace") == grpc_text
     stream = http_daemon.oai.chat.completions.create(
         model="default", messages=msgs, max_tokens=16, temperature=0, stream=True,
         stream_options={"include_usage": True}, extra_headers=ns_headers("eq-stream"))
@@ -249,6 +260,9 @@ def _post(base: str, path: str, body: Any, **kw: Any) -> httpx.Response:
     ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "number"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
     ({"messages": [{"role": "user", "content": "x"}], "stop": 5}, 400, "stop"),
+    ({"messages": [{"role": "user", "content": "x"}], "return_token_ids": 1}, 400, "boolean"),
+    ({"messages": [{"role": "user", "content": "x"}], "return_token_ids": True,
+      "stream": True}, 400, "not streamed"),
 ])
 def test_bad_requests_get_openai_shaped_errors(http_daemon: Any, body: Any, status: int,
                                                fragment: str) -> None:

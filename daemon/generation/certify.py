@@ -14,8 +14,8 @@ Interface:
   them from its logit rows).
 * ``certify_greedy(reference, candidate, threshold)``: "identical", "near_tie" or
   "diverged", and where.
-* ``certify_text(reference, text, piece, is_eog, threshold)``: the same verdicts for an
-  output known only by its text (an endpoint's reply), judged by the reference's logits.
+* ``certify_tokens(reference, tokens, is_eog, threshold)``: the same verdicts for an
+  output known only by its tokens (an endpoint's reply), judged by the reference's logits.
 * ``Certification``, a mixin of ``Verifier``: ``logit_rows``, ``next_logits``,
   ``reproduces``, ``fresh_choice``, ``replayed_choice``, ``schedule_flip`` and
   ``logit_drift``, each on a scratch slot of the verifier (nothing is cached); what it
@@ -104,41 +104,30 @@ def certify_greedy(
     return "identical", None
 
 
-def certify_text(
-    reference: Sequence[TokenGap], text: str, piece: Callable[[int], bytes],
-    is_eog: Callable[[int], bool], threshold: float = NEAR_TIE_GAP,
+def certify_tokens(
+    reference: Sequence[TokenGap], tokens: Sequence[int], is_eog: Callable[[int], bool],
+    threshold: float = NEAR_TIE_GAP,
 ) -> tuple[str, int | None]:
-    """Judge a greedy output known only by its text (what an endpoint returns) against
-    plain decoding's gap record of the same prompt (its end-of-generation token included,
-    as ``record_gaps`` runs keep it).
+    """Judge a greedy output known only by its tokens (an endpoint's ``token_ids``: no
+    end-of-generation token, no logits) against plain decoding's gap record of the same
+    prompt (its end-of-generation token included, as ``record_gaps`` runs keep it).
 
-    The reference's tokens are followed while their bytes (``piece``) spell the text; where
-    they stop doing so, the text must begin with a token that the reference's logits put
-    within ``threshold`` of their best (or end there, with an end-of-generation token so
-    rated): ("near_tie", i) if one does, else ("diverged", i). One-sided: the other run's
-    logits are unknown, so a near-tie is as far as the text can tell, while "diverged" is
-    certain (no token plain decoding rates near its best could have begun the text there).
+    Where they first part, the output's token (or, where it ended, an end-of-generation
+    token) must be within ``threshold`` of plain decoding's best there: ("near_tie", i),
+    else ("diverged", i). One-sided: the other run's logits are unknown, so a near-tie
+    is as far as its tokens can tell, while "diverged" is certain.
     """
-    plain = [g.token for g in reference]
-    ended = [i for i, t in enumerate(plain) if is_eog(t)]
-    body = plain[: ended[0]] if ended else plain
-    if b"".join(piece(t) for t in body).decode("utf-8", errors="replace") == text:
-        return "identical", None
-    served = text.encode("utf-8")
-    at = 0
     for i, g in enumerate(reference):
-        b = b"" if is_eog(g.token) else piece(g.token)
-        if b and served.startswith(b, at):
-            at += len(b)
-            continue
-        if not b and at == len(served):
-            return "identical", None
-        rest = served[at:]
-        starts = [t for t, _ in g.top
-                  if (is_eog(t) and not rest) or ((p := piece(t)) and rest.startswith(p))]
-        tie = any(g.shortfall(t) <= threshold for t in starts)
-        return ("near_tie" if tie else "diverged", i)
-    return ("identical", None) if at == len(served) else ("diverged", len(reference))
+        if i == len(tokens):
+            if is_eog(g.token):
+                return "identical", None
+            tie = any(is_eog(t) and g.shortfall(t) <= threshold for t, _ in g.top)
+            return ("near_tie" if tie else "diverged"), i
+        if tokens[i] != g.token:
+            return ("near_tie" if g.shortfall(tokens[i]) <= threshold else "diverged"), i
+    if len(tokens) == len(reference):
+        return "identical", None
+    return "diverged", len(reference)
 
 
 class _Host(Protocol):

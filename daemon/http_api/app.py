@@ -9,7 +9,9 @@ lossless greedy output, exact sampling and the counters are the same.
   ``stream`` (server-sent events ending in ``data: [DONE]``) or without. Every response
   carries ``usage`` (with ``prompt_tokens_details.cached_tokens``: prompt tokens reused
   from the session's KV cache) and a ``suffixd`` object (namespace, session, whether the
-  session was found, draft counts by source), which OpenAI clients ignore.
+  session was found, draft counts by source), which OpenAI clients ignore. With
+  ``return_token_ids: true`` (vLLM's field; answers that are not streamed) the choice
+  also holds ``token_ids``, the generated tokens.
 * ``GET /health``: 200 ``{"status": "ok"}`` once a generation can be served, 503 with
   llama-server's body (``"message": "Loading model"``) until then. A generation the
   server cannot serve (the model did not load) is a 503 with the reason, never a 4xx.
@@ -77,6 +79,7 @@ from .requests import (
     apply_sampling,
     chat_messages,
     completion_prompt,
+    return_token_ids,
 )
 from .session_finder import AUTO_SESSION_IDLE_S, AUTO_SESSIONS_PER_NAMESPACE, SessionFinder
 from .streams import HUNG_UP, EventStream, Run, completion_body
@@ -282,6 +285,7 @@ class OpenAIFront:
         else:
             completion_prompt(body, req)
         stream = bool(body.get("stream", False))
+        token_ids = return_token_ids(body, stream)
         opts = body.get("stream_options") or {}
         include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
 
@@ -328,11 +332,13 @@ class OpenAIFront:
                                shaper)
         last = first
         shaper.feed(first.text)
+        tokens = list(first.tokens)
         message: dict[str, Any] | None = None
         try:
             while last.finish_reason is None:
                 last = await run.next()
                 shaper.feed(last.text)
+                tokens += last.tokens
             message, finish, _ = shaper.finish(last.finish_reason)
         except ApiError:
             if watch is not None and watch.done():  # the client left: nobody to answer
@@ -344,7 +350,8 @@ class OpenAIFront:
             run.cancel()
             self._release(ns, sid, messages, shaper, auto, message)
         return JSONResponse(completion_body(rid, model, chat, shaper.text, last, meta,
-                                            message=message, finish=finish))
+                                            message=message, finish=finish,
+                                            token_ids=tokens if token_ids else None))
 
     def _is_open(self, ns: str, sid: str) -> bool:
         try:

@@ -6,7 +6,8 @@ their gRPC code, a context overflow as ``context_length_exceeded``, a bad chat t
 or value as 400, anything else as a logged 500); ``apply_sampling(body, req)`` (the
 fields chat and text completions share: sampling, stop, max tokens; refuses the fields
 that would change the output and that suffixd does not implement);
-``chat_messages(body)``, ``render_message(m)`` and ``completion_prompt(body, req)``.
+``chat_messages(body)``, ``render_message(m)``, ``completion_prompt(body, req)`` and
+``return_token_ids(body, stream)``.
 """
 
 from __future__ import annotations
@@ -75,6 +76,20 @@ def _int(body: dict[str, Any], name: str) -> int | None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
         raise ApiError(400, f"'{name}' must be an integer", param=name)
+    return v
+
+
+def return_token_ids(body: dict[str, Any], stream: bool) -> bool:
+    """vLLM's ``return_token_ids``: the generated token ids in the answer's choice (what a
+    client needs to check an answer token by token, e.g. against plain decoding)."""
+    v = body.get("return_token_ids")
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise ApiError(400, "'return_token_ids' must be a boolean", param="return_token_ids")
+    if v and stream:
+        raise ApiError(400, "'return_token_ids' is given on answers that are not streamed "
+                       "(stream: false)", param="return_token_ids")
     return v
 
 

@@ -103,9 +103,11 @@ class Run:
 
 def completion_body(rid: str, model: str, chat: bool, text: str, last: Chunk,
                     meta: dict[str, Any], message: dict[str, Any] | None = None,
-                    finish: str | None = None) -> dict[str, Any]:
+                    finish: str | None = None,
+                    token_ids: list[int] | None = None) -> dict[str, Any]:
     """The JSON body of an answer that is not streamed (``message``: the chat reply as
-    parsed, with its tool calls; ``finish`` its finish reason)."""
+    parsed, with its tool calls; ``finish`` its finish reason; ``token_ids``: the
+    generated tokens, in the choice as vLLM's ``return_token_ids`` puts them)."""
     finish = finish or last.finish_reason or "stop"
     if chat:
         choice: dict[str, Any] = {
@@ -113,6 +115,8 @@ def completion_body(rid: str, model: str, chat: bool, text: str, last: Chunk,
             "message": message or {"role": "assistant", "content": text}}
     else:
         choice = {"index": 0, "finish_reason": finish, "logprobs": None, "text": text}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
     return {
         "id": rid, "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()), "model": model, "choices": [choice],
