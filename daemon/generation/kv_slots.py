@@ -92,6 +92,10 @@ class KvSlots:
         self._free_seq_ids = list(range(n_slots))
         self.n_slots = n_slots
         self.prompt_cache = PromptCache(prompt_cache_bytes)
+        # One buffer for every checkpoint save, grown as needed: a fresh one per save was
+        # zero-filled (page-faulted) while the save held the model (see _save_checkpoint).
+        self._state_lock = threading.Lock()
+        self._state_buf: ctypes.Array[ctypes.c_uint8] = (ctypes.c_uint8 * 0)()
 
     def _seq_rm(self, seq_id: int, p0: int) -> None:
         if not self._llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, -1):
@@ -200,15 +204,21 @@ class KvSlots:
         return n
 
     def _save_checkpoint(self, slot: Slot, scope: str) -> None:
-        """Keep the slot's state (its KV for ``slot.tokens``) in the prompt cache."""
+        """Keep the slot's state (its KV for ``slot.tokens``) in the prompt cache.
+
+        The model is held only for llama.cpp's copy into the reused buffer (every other
+        sequence's step waits meanwhile); the copy out of it is made after."""
         ctx = self._ctx.ctx
-        with self._memory_guard():
-            size = int(self._llama_cpp.llama_state_seq_get_size(ctx, slot.seq_id))
-            buf = ctypes.create_string_buffer(size)
-            written = int(self._llama_cpp.llama_state_seq_get_data(
-                ctx, ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint8)), size, slot.seq_id))
-        if written:
-            self.prompt_cache.add(scope, slot.tokens, buf.raw[:written])
+        with self._state_lock:
+            with self._memory_guard():
+                size = int(self._llama_cpp.llama_state_seq_get_size(ctx, slot.seq_id))
+                if len(self._state_buf) < size:
+                    self._state_buf = (ctypes.c_uint8 * size)()
+                written = int(self._llama_cpp.llama_state_seq_get_data(
+                    ctx, self._state_buf, size, slot.seq_id))
+            state = bytes(memoryview(self._state_buf)[:written]) if written else b""
+        if state:
+            self.prompt_cache.add(scope, slot.tokens, state)
 
     def forget(self, session_key: str) -> None:
         """Drop a session's KV cache (e.g. when the session is closed)."""
