@@ -77,6 +77,15 @@ def test_chat_equals_the_grpc_path_streaming_or_not(http_daemon: Any) -> None:
     assert len(ids) == r.usage.completion_tokens and all(isinstance(t, int) for t in ids)
     vocab = llama_cpp.Llama(str(embedded_model_path()), vocab_only=True, verbose=False)
     assert vocab.detokenize(ids).decode("utf-8", errors="replace") == grpc_text
+    # streamed: each step's ids in its first event, joined the same ids
+    events = http_daemon.oai.chat.completions.create(
+        model="default", messages=msgs, max_tokens=16, temperature=0, stream=True,
+        extra_headers=ns_headers("eq-ids-stream"), extra_body={"return_token_ids": True})
+    streamed: list[int] = []
+    for ev in events:
+        if ev.choices:
+            streamed += (ev.choices[0].model_extra or {}).get("token_ids") or []
+    assert streamed == ids
     stream = http_daemon.oai.chat.completions.create(
         model="default", messages=msgs, max_tokens=16, temperature=0, stream=True,
         stream_options={"include_usage": True}, extra_headers=ns_headers("eq-stream"))
@@ -261,8 +270,6 @@ def _post(base: str, path: str, body: Any, **kw: Any) -> httpx.Response:
     ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
     ({"messages": [{"role": "user", "content": "x"}], "stop": 5}, 400, "stop"),
     ({"messages": [{"role": "user", "content": "x"}], "return_token_ids": 1}, 400, "boolean"),
-    ({"messages": [{"role": "user", "content": "x"}], "return_token_ids": True,
-      "stream": True}, 400, "not streamed"),
 ])
 def test_bad_requests_get_openai_shaped_errors(http_daemon: Any, body: Any, status: int,
                                                fragment: str) -> None:

@@ -82,10 +82,11 @@ def test_a_required_or_named_call_is_parsed_and_schema_valid(daemon: Any, choice
         assert isinstance(json.loads(call.function.arguments)["command"], str)
 
 
-def _stream(daemon: Any, ns: str, **kwargs: Any) -> tuple[str, dict[int, dict[str, Any]],
-                                                          str | None]:
+def _stream(daemon: Any, ns: str, ids: list[int] | None = None, **kwargs: Any
+            ) -> tuple[str, dict[int, dict[str, Any]], str | None]:
     """A streamed answer as the SDK's deltas add up: content, calls (with each call's
-    argument fragments and the event each arrived in), finish reason."""
+    argument fragments and the event each arrived in), finish reason; the events'
+    ``token_ids`` joined into ``ids``."""
     calls: dict[int, dict[str, Any]] = {}
     finish = None
     content = ""
@@ -94,6 +95,8 @@ def _stream(daemon: Any, ns: str, **kwargs: Any) -> tuple[str, dict[int, dict[st
         if not ev.choices:
             continue
         delta = ev.choices[0].delta
+        if ids is not None:
+            ids += (ev.choices[0].model_extra or {}).get("token_ids") or []
         content += delta.content or ""
         for tc in delta.tool_calls or ():
             slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": "",
@@ -125,10 +128,15 @@ def test_streamed_calls_stream_and_assemble_as_the_sdk_does(daemon: Any, paralle
     kwargs: dict[str, Any] = dict(
         model="default", messages=ASK, tools=[WEATHER],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        parallel_tool_calls=parallel, max_tokens=96, temperature=0)
+        parallel_tool_calls=parallel, max_tokens=96, temperature=0,
+        extra_body={"return_token_ids": True})
     whole = daemon.oai.chat.completions.create(
         **kwargs, extra_headers={"X-Suffixd-Namespace": f"tools-whole-{parallel}"})
-    content, calls, finish = _stream(daemon, f"tools-stream-{parallel}", **kwargs)
+    ids: list[int] = []
+    content, calls, finish = _stream(daemon, f"tools-stream-{parallel}", ids, **kwargs)
+    # the call's text is held back while it may still be a call: its steps' token ids go
+    # in events of their own, and joined they are the whole answer's
+    assert ids and ids == whole.choices[0].model_extra["token_ids"]
     # Allowed parallel calls, the 270M model may go on adding calls until max_tokens: then
     # the last is cut short, in both answers alike (as OpenAI answers a cut call).
     assert finish == whole.choices[0].finish_reason

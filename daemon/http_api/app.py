@@ -10,8 +10,8 @@ lossless greedy output, exact sampling and the counters are the same.
   carries ``usage`` (with ``prompt_tokens_details.cached_tokens``: prompt tokens reused
   from the session's KV cache) and a ``suffixd`` object (namespace, session, whether the
   session was found, draft counts by source), which OpenAI clients ignore. With
-  ``return_token_ids: true`` (vLLM's field; answers that are not streamed) the choice
-  also holds ``token_ids``, the generated tokens.
+  ``return_token_ids: true`` (vLLM's field) the choice also holds ``token_ids``, the
+  generated tokens (streamed: each step's in its first event).
 * ``GET /health``: 200 ``{"status": "ok"}`` once a generation can be served, 503 with
   llama-server's body (``"message": "Loading model"``) until then. A generation the
   server cannot serve (the model did not load) is a 503 with the reason, never a 4xx.
@@ -285,7 +285,7 @@ class OpenAIFront:
         else:
             completion_prompt(body, req)
         stream = bool(body.get("stream", False))
-        token_ids = return_token_ids(body, stream)
+        token_ids = return_token_ids(body)
         opts = body.get("stream_options") or {}
         include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
 
@@ -329,7 +329,7 @@ class OpenAIFront:
         if stream:
             release = functools.partial(self._release, ns, sid, messages, shaper, auto)
             return EventStream(run, first, rid, model, chat, include_usage, meta, release,
-                               shaper)
+                               shaper, token_ids)
         last = first
         shaper.feed(first.text)
         tokens = list(first.tokens)

@@ -7,7 +7,7 @@ or value as 400, anything else as a logged 500); ``apply_sampling(body, req)`` (
 fields chat and text completions share: sampling, stop, max tokens; refuses the fields
 that would change the output and that suffixd does not implement);
 ``chat_messages(body)``, ``render_message(m)``, ``completion_prompt(body, req)`` and
-``return_token_ids(body, stream)``.
+``return_token_ids(body)``.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _int(body: dict[str, Any], name: str) -> int | None:
     return v
 
 
-def return_token_ids(body: dict[str, Any], stream: bool) -> bool:
+def return_token_ids(body: dict[str, Any]) -> bool:
     """vLLM's ``return_token_ids``: the generated token ids in the answer's choice (what a
     client needs to check an answer token by token, e.g. against plain decoding)."""
     v = body.get("return_token_ids")
@@ -87,9 +87,6 @@ def return_token_ids(body: dict[str, Any], stream: bool) -> bool:
         return False
     if not isinstance(v, bool):
         raise ApiError(400, "'return_token_ids' must be a boolean", param="return_token_ids")
-    if v and stream:
-        raise ApiError(400, "'return_token_ids' is given on answers that are not streamed "
-                       "(stream: false)", param="return_token_ids")
     return v
 
 

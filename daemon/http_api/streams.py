@@ -127,13 +127,17 @@ def completion_body(rid: str, model: str, chat: bool, text: str, last: Chunk,
 async def sse_events(run: Run, first: Chunk, rid: str, model: str, chat: bool,
                      include_usage: bool, meta: dict[str, Any],
                      end: Callable[[dict[str, Any] | None, bool], None],
-                     shaper: ReplyShaper) -> AsyncGenerator[bytes, None]:
+                     shaper: ReplyShaper, token_ids: bool = False
+                     ) -> AsyncGenerator[bytes, None]:
     """The server-sent events of a streamed answer, from its first chunk on, ending in
     ``data: [DONE]``; an error after the headers goes in the stream as an error object.
     Each step's text goes out as ``shaper`` allows: content (with tools, up to where a call
     may begin), and tool calls as OpenAI streams them (a call's id, type and name first,
-    with arguments "", then its arguments as they are generated). At the end ``end`` gets
-    the reply message (None when it did not finish) and whether the client hung up."""
+    with arguments "", then its arguments as they are generated). With ``token_ids`` each
+    step's generated tokens go in its first event's choice (an event with an empty delta
+    where the shaper holds the step's text back), so that the events' ``token_ids`` joined
+    are the answer's. At the end ``end`` gets the reply message (None when it did not
+    finish) and whether the client hung up."""
     created = int(time.time())
     obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -148,6 +152,20 @@ async def sse_events(run: Run, first: Chunk, rid: str, model: str, chat: bool,
         return {"index": 0, "text": delta.get("content", ""), "finish_reason": finish,
                 "logprobs": None}
 
+    def with_ids(deltas: list[dict[str, Any]], tokens: list[int]
+                 ) -> list[tuple[dict[str, Any], list[int] | None]]:
+        """Each delta, the first with the step's tokens (asked for and any generated)."""
+        if not token_ids or not tokens:
+            return [(d, None) for d in deltas]
+        return [(d, tokens if i == 0 else None) for i, d in enumerate(deltas or [{}])]
+
+    def event_of(delta: dict[str, Any], ids: list[int] | None,
+                 finish: str | None = None, **extra: Any) -> bytes:
+        c = choice(delta, finish)
+        if ids is not None:
+            c["token_ids"] = ids
+        return event([c], **extra)
+
     chunk: Chunk | None = first
     message: dict[str, Any] | None = None
     hung_up = False
@@ -158,15 +176,15 @@ async def sse_events(run: Run, first: Chunk, rid: str, model: str, chat: bool,
             deltas = shaper.feed(chunk.text)
             if chunk.finish_reason is not None:
                 message, finish, rest = shaper.finish(chunk.finish_reason)
-                for delta in deltas + rest:
-                    yield event([choice(delta, None)])
+                for delta, ids in with_ids(deltas + rest, chunk.tokens):
+                    yield event_of(delta, ids)
                 yield event([choice({"content": ""}, finish)],
                             suffixd=draft_stats(chunk, meta))
                 if include_usage:
                     yield event([], usage=usage(chunk))
                 break
-            for delta in deltas:
-                yield event([choice(delta, None)])
+            for delta, ids in with_ids(deltas, chunk.tokens):
+                yield event_of(delta, ids)
             try:
                 chunk = await run.next()
             except Exception as exc:  # after the headers: the error goes in the stream
@@ -191,10 +209,10 @@ class EventStream(StreamingResponse):
     def __init__(self, run: Run, first: Chunk, rid: str, model: str, chat: bool,
                  include_usage: bool, meta: dict[str, Any],
                  release: Callable[[dict[str, Any] | None], None] | None,
-                 shaper: ReplyShaper) -> None:
+                 shaper: ReplyShaper, token_ids: bool = False) -> None:
         self._run, self._release, self._ended = run, release, False
         self._events = sse_events(run, first, rid, model, chat, include_usage, meta,
-                                  self._end, shaper)
+                                  self._end, shaper, token_ids)
         super().__init__(self._events, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
