@@ -200,7 +200,6 @@ class Runtime:
             log.exception("measuring the verifier's costs failed; serving goes on with "
                           "conservative costs")
             return
-        self.profile_source = "measured"
         stored = ""
         if self.store is not None:
             try:
@@ -212,6 +211,9 @@ class Runtime:
                                                    "stored": stored,
                                                    "distorted": costs.distorted,
                                                    "load": json.dumps(v.cost_load)})
+        # Last: a status that says "measured" means the profile is stored and logged (a
+        # fresh-clone CI run once read the log between the two).
+        self.profile_source = "measured"
 
     def start_measuring(self) -> None:
         if self.needs_measuring and self.measure_thread is None:
