@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
-from suffixd.daemon.generation.certify import TokenGap, certify_greedy
+from suffixd.daemon.generation.certify import TokenGap, certify_greedy, noisy_drafts
 from suffixd.daemon.generation.chat import ChatRenderer
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
@@ -54,7 +52,7 @@ def generate(v: Verifier, key: str, prompts: list[list[int]], params: GeneratePa
     """A conversation's turns in order under one session key; its KV freed after."""
     out: list[Run] = []
     for k, prompt in enumerate(prompts):
-        propose = noisy(drafts[k], len(prompt), seed + k) if drafts is not None else None
+        propose = noisy_drafts(drafts[k], len(prompt), seed + k) if drafts is not None else None
         toks: list[int] = []
         gaps: list[TokenGap] = []
         for c in v.generate(key, prompt, params, propose):
@@ -63,17 +61,6 @@ def generate(v: Verifier, key: str, prompts: list[list[int]], params: GeneratePa
         out.append((toks, gaps))
     v.forget(key)
     return out
-
-
-def noisy(ref: list[int], prompt_len: int, seed: int) -> Callable[[list[int], int], list[int]]:
-    rnd = random.Random(seed)
-
-    def propose(ctx: list[int], k: int) -> list[int]:
-        at = len(ctx) - prompt_len
-        d = ref[at : at + rnd.randint(0, min(k, 7))]
-        return [t if rnd.random() < 0.8 else (t + 11) % 1000 for t in d]
-
-    return propose
 
 
 def main() -> None:

@@ -413,6 +413,7 @@ def report(out: dict[str, Any]) -> None:
     for n, same in out["greedy_same"].items():
         click.echo(f"N={n}: suffixd text same as at N={out['concurrency'][0]}: {same}")
     for n, c in out.get("certified", {}).items():
-        where = "".join(f"; diverged: {s} turn {i} at token {at}" for s, i, at in c["diverged_at"])
+        where = "".join(f"; diverged: {s} turn {i} at token {at} (plain decoding's gap {gap})"
+                        for s, i, at, gap in c["diverged_at"])
         click.echo(f"N={n}: suffixd against plain decoding: {c['identical']} identical, "
                    f"{c['near_tie']} near-tie, {c['diverged']} diverged{where}")

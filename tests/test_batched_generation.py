@@ -7,7 +7,6 @@ served in shared steps and a disconnect leaves the batch."""
 from __future__ import annotations
 
 import json
-import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from suffixd.daemon.generation.certify import certify_greedy
+from suffixd.daemon.generation.certify import certify_greedy, noisy_drafts
 from suffixd.daemon.generation.chat import ChatRenderer
 from suffixd.daemon.generation.sampling import target_probs
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
@@ -55,19 +54,6 @@ def _run(v: Verifier, key: str, prompt: list[int], params: GenerateParams, propo
     return toks, gaps
 
 
-def _noisy(ref: list[int], prompt_len: int, seed: int):
-    """Drafts from the reference output, of random lengths, partly wrong: sequences of
-    a step then want different numbers of rows (padding, and the rollback of it)."""
-    rnd = random.Random(seed)
-
-    def propose(ctx: list[int], k: int) -> list[int]:
-        n = len(ctx) - prompt_len
-        d = ref[n : n + rnd.randint(0, min(k, 7))]
-        return [t if rnd.random() < 0.8 else (t + 11) % 1000 for t in d]
-
-    return propose
-
-
 def _alone_then_together(verifier: Verifier, prompts: list[list[int]],
                           params: GenerateParams, tag: str, seed: int = 0
                           ) -> tuple[list[Any], list[Any]]:
@@ -83,7 +69,7 @@ def _alone_then_together(verifier: Verifier, prompts: list[list[int]],
     def worker(i: int) -> None:
         try:
             together[i] = _run(verifier, f"{tag}together-{i}", prompts[i], params,
-                               _noisy(alone[i][0], len(prompts[i]), seed + i))
+                               noisy_drafts(alone[i][0], len(prompts[i]), seed + i))
         except BaseException as exc:  # reported below
             errors.append(exc)
 

@@ -3,12 +3,12 @@ writes passes, answers that leave plain decoding where it is sure fail at that t
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 
 import pytest
 from suffixd.cli.bench_certify import TokenCertifier
 from suffixd.cli.bench_concurrency import PlannedTurn
+from suffixd.daemon.generation.certify import noisy_drafts
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
 
@@ -43,13 +43,7 @@ def test_drafted_answers_pass_and_answers_leaving_plain_decoding_fail(verifier: 
     # a speculative run with drafts that are often wrong: lossless, so never diverged
     drafted = []
     for t, ref in zip(turns, plain, strict=True):
-        rnd = random.Random(len(ref))
-
-        def propose(ctx: list[int], k: int, ref: list[int] = ref, n: int = len(t.prompt),
-                    rnd: random.Random = rnd) -> list[int]:
-            d = ref[len(ctx) - n: len(ctx) - n + rnd.randint(0, k)]
-            return [x if rnd.random() < 0.7 else (x + 3) % 1000 for x in d]
-
+        propose = noisy_drafts(ref, len(t.prompt), len(ref))
         toks = []
         for c in verifier.generate("drafted", t.prompt, GenerateParams(max_tokens=MAX_TOKENS),
                                    propose):

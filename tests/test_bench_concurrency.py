@@ -176,6 +176,23 @@ def test_repeat_summary_adds_up_the_runs_certification() -> None:
                                                "suffixd_vs_ls_best": {"8": 1.0}}])["8"]
 
 
+def test_report_names_where_a_diverged_answer_parted(capsys) -> None:
+    fields = ("agg_tok_s", "wall_s", "session_wall_s", "turn_s", "turn_p95_s",
+              "decode_tok_s", "turns")
+    out = {"workload": "w.jsonl", "sessions": 1, "turns": 3, "skipped_turns": 0,
+           "n_ctx": 4096, "max_tokens": 64, "threads": 2, "concurrency": [1, 4],
+           "results": {"suffixd": {n: dict.fromkeys(fields, 1.0) for n in ("1", "4")}},
+           "ls_best": {}, "suffixd_vs_ls_best": {}, "suffixd_vs_n1": {}, "greedy_same": {},
+           "certified": {"1": {"identical": 3, "near_tie": 0, "diverged": 0, "diverged_at": []},
+                         "4": {"identical": 1, "near_tie": 1, "diverged": 1,
+                               "diverged_at": [["a", 2, 16, 7.25]]}}}
+    report(out)
+    shown = capsys.readouterr().out
+    assert "N=1: suffixd against plain decoding: 3 identical, 0 near-tie, 0 diverged\n" in shown
+    assert "N=4: suffixd against plain decoding: 1 identical, 1 near-tie, 1 diverged; " \
+        "diverged: a turn 2 at token 16 (plain decoding's gap 7.25)" in shown
+
+
 def test_greedy_same_counts_turns_equal_to_the_first_level() -> None:
     texts = {1: {("a", 0): "x", ("a", 1): "y"}, 4: {("a", 0): "x", ("a", 1): "z"},
              8: {("a", 0): "x", ("a", 1): "y"}}

@@ -16,6 +16,8 @@ Interface:
   "diverged", and where.
 * ``certify_tokens(reference, tokens, is_eog, threshold)``: the same verdicts for an
   output known only by its tokens (an endpoint's reply), judged by the reference's logits.
+* ``noisy_drafts(reference, prompt_len, seed)``: a drafter whose drafts are partly right,
+  to put accepted and rejected rows, padding and rollbacks in the runs being certified.
 * ``Certification``, a mixin of ``Verifier``: ``logit_rows``, ``next_logits``,
   ``reproduces``, ``fresh_choice``, ``replayed_choice``, ``schedule_flip`` and
   ``logit_drift``, each on a scratch slot of the verifier (nothing is cached); what it
@@ -25,6 +27,7 @@ Interface:
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -128,6 +131,21 @@ def certify_tokens(
     if len(tokens) == len(reference):
         return "identical", None
     return "diverged", len(reference)
+
+
+def noisy_drafts(reference: Sequence[int], prompt_len: int, seed: int
+                 ) -> Callable[[list[int], int], list[int]]:
+    """Drafts from ``reference`` (what plain decoding generates after a prompt of
+    ``prompt_len`` tokens), of random lengths up to 7, one token in five wrong: the
+    sequences of a step then want different numbers of rows and roll some of them back."""
+    rnd = random.Random(seed)
+
+    def propose(ctx: list[int], k: int) -> list[int]:
+        at = len(ctx) - prompt_len
+        d = reference[at : at + rnd.randint(0, min(k, 7))]
+        return [t if rnd.random() < 0.8 else (t + 11) % 1000 for t in d]
+
+    return propose
 
 
 class _Host(Protocol):

@@ -152,19 +152,18 @@ async def sse_events(run: Run, first: Chunk, rid: str, model: str, chat: bool,
         return {"index": 0, "text": delta.get("content", ""), "finish_reason": finish,
                 "logprobs": None}
 
-    def with_ids(deltas: list[dict[str, Any]], tokens: list[int]
-                 ) -> list[tuple[dict[str, Any], list[int] | None]]:
-        """Each delta, the first with the step's tokens (asked for and any generated)."""
-        if not token_ids or not tokens:
-            return [(d, None) for d in deltas]
-        return [(d, tokens if i == 0 else None) for i, d in enumerate(deltas or [{}])]
-
-    def event_of(delta: dict[str, Any], ids: list[int] | None,
-                 finish: str | None = None, **extra: Any) -> bytes:
-        c = choice(delta, finish)
-        if ids is not None:
-            c["token_ids"] = ids
-        return event([c], **extra)
+    def step_events(deltas: list[dict[str, Any]], tokens: list[int]) -> list[bytes]:
+        """A step's events; with ``token_ids``, its tokens in the first (an empty delta
+        where the shaper holds the step's text back)."""
+        if not (token_ids and tokens):
+            return [event([choice(d, None)]) for d in deltas]
+        out = []
+        for i, d in enumerate(deltas or [{}]):
+            c = choice(d, None)
+            if i == 0:
+                c["token_ids"] = tokens
+            out.append(event([c]))
+        return out
 
     chunk: Chunk | None = first
     message: dict[str, Any] | None = None
@@ -176,15 +175,15 @@ async def sse_events(run: Run, first: Chunk, rid: str, model: str, chat: bool,
             deltas = shaper.feed(chunk.text)
             if chunk.finish_reason is not None:
                 message, finish, rest = shaper.finish(chunk.finish_reason)
-                for delta, ids in with_ids(deltas + rest, chunk.tokens):
-                    yield event_of(delta, ids)
+                for ev in step_events(deltas + rest, chunk.tokens):
+                    yield ev
                 yield event([choice({"content": ""}, finish)],
                             suffixd=draft_stats(chunk, meta))
                 if include_usage:
                     yield event([], usage=usage(chunk))
                 break
-            for delta, ids in with_ids(deltas, chunk.tokens):
-                yield event_of(delta, ids)
+            for ev in step_events(deltas, chunk.tokens):
+                yield ev
             try:
                 chunk = await run.next()
             except Exception as exc:  # after the headers: the error goes in the stream
