@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +43,25 @@ def dies_with_parent(cmd: Sequence[str]) -> list[str]:
     if not sys.platform.startswith("linux"):
         return list(cmd)
     return [sys.executable, "-c", _DIES_WITH_PARENT, str(os.getpid()), *cmd]
+
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+def missing_tool(message: str) -> None:
+    """A tool the test needs is not installed: a skip that says so on a developer's
+    machine, a failure in CI (``.ci/run`` installs every tool, so a skip there would hide a
+    broken install step)."""
+    if IN_CI:
+        pytest.fail(f"{message} (CI=true: .ci/run should have installed it)", pytrace=False)
+    pytest.skip(message)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("needs_binary"):
+        absent = [name for name in mark.args if shutil.which(name) is None]
+        if absent:
+            missing_tool(f"{', '.join(absent)} not installed ({mark.kwargs.get('install', '')})")
 
 
 class DaemonProcess:

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import DaemonProcess
+from tests.conftest import DaemonProcess, missing_tool
 
 pytestmark = pytest.mark.slow
 
@@ -39,12 +39,12 @@ def _browser() -> tuple[str, str]:
                    if p), None)
     driver = shutil.which("chromedriver")
     if chrome is None or driver is None:
-        pytest.skip("Chromium and its driver are not installed (Debian: apt-get install "
-                    "chromium chromium-driver; .ci/run installs them when it may)")
+        missing_tool("Chromium and its driver are not installed (Debian: apt-get install "
+                     "chromium chromium-driver; .ci/run installs them)")
     try:
         import selenium  # noqa: F401
     except ImportError:
-        pytest.skip("selenium is not installed (pip install -e '.[test]')")
+        missing_tool("selenium is not installed (pip install -e '.[test]')")
     return chrome, driver
 
 

@@ -25,9 +25,8 @@ import pytest
 from .conftest import dies_with_parent
 
 REDIS = shutil.which("redis-server")
-pytestmark = pytest.mark.skipif(
-    REDIS is None, reason="redis-server is not installed (apt-get install redis-server; "
-    ".ci/run installs it)")
+pytestmark = pytest.mark.needs_binary("redis-server", install="apt-get install redis-server; "
+                                      ".ci/run installs it")
 
 
 def _free_port() -> int:

@@ -19,7 +19,6 @@ import pytest
 
 from suffixcache.store_layout import pack_tokens
 from tests.test_fleet import (
-    REDIS,
     RedisServer,
     fleet_args,
     fleet_status,
@@ -28,9 +27,8 @@ from tests.test_fleet import (
 )
 from tests.test_fleet_engine import Node
 
-pytestmark = pytest.mark.skipif(
-    REDIS is None, reason="redis-server is not installed (apt-get install redis-server; "
-    ".ci/run installs it)")
+pytestmark = pytest.mark.needs_binary("redis-server", install="apt-get install redis-server; "
+                                      ".ci/run installs it")
 
 
 @pytest.fixture

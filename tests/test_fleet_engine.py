@@ -10,11 +10,10 @@ from typing import Any
 
 import pytest
 
-from tests.test_fleet import REDIS, RedisServer, _free_port, wait_for
+from tests.test_fleet import RedisServer, _free_port, wait_for
 
-pytestmark = pytest.mark.skipif(
-    REDIS is None, reason="redis-server is not installed (apt-get install redis-server; "
-    ".ci/run installs it)")
+pytestmark = pytest.mark.needs_binary("redis-server", install="apt-get install redis-server; "
+                                      ".ci/run installs it")
 
 
 @pytest.fixture

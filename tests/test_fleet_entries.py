@@ -19,12 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from suffixcache.store_layout import pack_tokens
-from tests.test_fleet import REDIS, RedisServer, wait_for
+from tests.test_fleet import RedisServer, wait_for
 from tests.test_fleet_engine import Node
 
-pytestmark = pytest.mark.skipif(
-    REDIS is None, reason="redis-server is not installed (apt-get install redis-server; "
-    ".ci/run installs it)")
+pytestmark = pytest.mark.needs_binary("redis-server", install="apt-get install redis-server; "
+                                      ".ci/run installs it")
 
 BAD_TOKENS = [2**31 - 1, -5, 999_999_999]
 

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from suffixd.daemon.fleet import entries
 
 from suffixcache.store_layout import pack_tokens
-from tests.test_fleet import REDIS, RedisServer, fleet_args, fleet_status, global_tree, wait_for
+from tests.test_fleet import RedisServer, fleet_args, fleet_status, global_tree, wait_for
 from tests.test_fleet_drop import _respond, _toks
 
 # ---------------------------------------------------------------- the reference model
@@ -166,9 +166,8 @@ def test_the_epoch_rules() -> None:
 
 # ---------------------------------------------------------------- the real daemons
 
-pytestmark_redis = pytest.mark.skipif(
-    REDIS is None, reason="redis-server is not installed (apt-get install redis-server; "
-    ".ci/run installs it)")
+pytestmark_redis = pytest.mark.needs_binary(
+    "redis-server", install="apt-get install redis-server; .ci/run installs it")
 
 
 @pytest.fixture

@@ -16,6 +16,10 @@ Interface:
   "diverged", and where.
 * ``certify_tokens(reference, tokens, is_eog, threshold)``: the same verdicts for an
   output known only by its tokens (an endpoint's reply), judged by the reference's logits.
+* ``cut_shortfall(logits, token, temperature, top_k, top_p)`` and
+  ``certify_sampled(...)``: a sampled token against plain decoding's top-k / top-p cut:
+  "inside", "near_tie" (outside, its logit within ``NEAR_TIE_GAP`` of the cut) or
+  "outside".
 * ``noisy_drafts(reference, prompt_len, seed)``: a drafter whose drafts are partly right,
   to put accepted and rejected rows, padding and rollbacks in the runs being certified.
 * ``Certification``, a mixin of ``Verifier``: ``logit_rows``, ``next_logits``,
@@ -36,6 +40,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .kv_slots import Slot
+from .sampling import target_probs
 
 # Largest top-1/top-2 logit gap that llama.cpp's batch-shape rounding can flip on
 # this CPU. Evaluating the same tokens in batches of 1, 4, 9 and 17 (5 spider
@@ -106,6 +111,27 @@ def certify_greedy(
         return "diverged", min(len(reference), len(candidate))
     return "identical", None
 
+
+
+def cut_shortfall(logits: np.ndarray, token: int, temperature: float, top_k: int,
+                  top_p: float) -> float:
+    """How far ``token``'s logit lies below the weakest token that plain decoding's
+    top-k / top-p cut keeps after ``logits``; 0 when the cut keeps it."""
+    p = target_probs(logits, temperature, top_k, top_p)
+    if p[token] > 0:
+        return 0.0
+    return float(np.min(logits[p > 0]) - logits[token])
+
+
+def certify_sampled(logits: np.ndarray, token: int, temperature: float, top_k: int,
+                    top_p: float, threshold: float = NEAR_TIE_GAP) -> str:
+    """A token sampled where plain decoding's logits are ``logits``: "inside" its cut;
+    "near_tie" just outside it (batch-shape rounding moved the token across the cut, as
+    it flips a greedy near-tie); "outside" otherwise, which no rounding explains."""
+    short = cut_shortfall(logits, token, temperature, top_k, top_p)
+    if short == 0.0:
+        return "inside"
+    return "near_tie" if short <= threshold else "outside"
 
 def certify_tokens(
     reference: Sequence[TokenGap], tokens: Sequence[int], is_eog: Callable[[int], bool],

@@ -167,7 +167,7 @@ class _Host(Protocol):
                 outputs: int | None = None) -> None: ...
     def _logits_view(self, i: int) -> np.ndarray: ...
     def _seq_rm(self, seq_id: int, p0: int) -> None: ...
-    def _acquire_slot(self, key: str) -> Slot: ...
+    def _try_acquire_slot(self, key: str) -> Slot | None: ...
     def _release_slot(self, slot: Slot) -> None: ...
     def _make_room(self, slot: Slot, needed: int) -> None: ...
     def forget(self, session_key: str) -> None: ...
@@ -315,27 +315,38 @@ class CostMeasurement:
         scratch slot ``key``: its seconds and the share of its threads' time spent waiting
         for a CPU (None where the kernel does not say). None when the slot had lost its
         base context (a session took the slot meanwhile) and this turn evaluated it again.
-        The slot is held for this batch only: with every slot busy it waits for one, and
-        between batches an idle session keeps its KV."""
-        slot = self._acquire_slot(key)
+        The slot is taken for this batch only, inside the measurement's turn (every slot
+        is then free of requests), and between batches an idle session keeps its KV."""
+        # The model first, then the slot: a request counts as waiting from before it
+        # takes its slot, so a measurement that held the only slot while it waited for no
+        # request to be waiting would wait forever (one KV slot: the first request hung).
+        with self._measure_turn():
+            slot = self._try_acquire_slot(key)
+            if slot is not None:
+                return CostMeasurement._timed_on(self, slot, base, k, j)
+        time.sleep(0.05)  # every slot held outside a request (a certification): later
+        return None
+
+    def _timed_on(self: _Host, slot: Slot, base: list[int], k: int,
+                  j: int) -> tuple[float, float | None] | None:
+        """``_timed_batch`` on ``slot``, the model held; releases the slot."""
         try:
-            with self._measure_turn():
-                if slot.tokens != base:
-                    self._make_room(slot, len(base) + j)
-                    self._seq_rm(slot.seq_id, 0)
-                    slot.tokens = []
-                    self._decode(slot.seq_id, base, 0, all_logits=False)
-                    slot.tokens = list(base)
-                    return None
-                before = thread_cpu_times()
-                t0 = time.perf_counter()
-                self._decode(slot.seq_id, base[1 : j + 1], len(base), all_logits=True,
-                             outputs=k)
-                self._logits_view(k - 1)
-                dt = time.perf_counter() - t0
-                after = thread_cpu_times()
-                self._seq_rm(slot.seq_id, len(base))
-                self.measured_batches += 1
+            if slot.tokens != base:
+                self._make_room(slot, len(base) + j)
+                self._seq_rm(slot.seq_id, 0)
+                slot.tokens = []
+                self._decode(slot.seq_id, base, 0, all_logits=False)
+                slot.tokens = list(base)
+                return None
+            before = thread_cpu_times()
+            t0 = time.perf_counter()
+            self._decode(slot.seq_id, base[1 : j + 1], len(base), all_logits=True,
+                         outputs=k)
+            self._logits_view(k - 1)
+            dt = time.perf_counter() - t0
+            after = thread_cpu_times()
+            self._seq_rm(slot.seq_id, len(base))
+            self.measured_batches += 1
         finally:
             self._release_slot(slot)
         return dt, cpu_wait_share(before, after)

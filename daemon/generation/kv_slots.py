@@ -106,31 +106,40 @@ class KvSlots:
     def _acquire_slot(self, key: str) -> Slot:
         with self._slots_lock:
             while True:
-                slot = self._slots.get(key)
+                slot = self._take_slot(key, model_held=False)
                 if slot is not None:
-                    if not slot.busy:
-                        slot.busy = True
-                        return slot
-                elif self._free_seq_ids:
-                    busy = {s.seq_id for s in self._slots.values() if s.busy}
-                    seq_id = pick_free_id(self._free_seq_ids, busy)
-                    self._free_seq_ids.remove(seq_id)
-                    slot = Slot(seq_id=seq_id, busy=True)
-                    self._slots[key] = slot
                     return slot
-                else:
-                    idle = [(s.last_used, s.seq_id, k) for k, s in self._slots.items()
-                            if not s.busy]
-                    if idle:
-                        busy = {s.seq_id for s in self._slots.values() if s.busy}
-                        victim = pick_victim(idle, busy)
-                        old = self._slots.pop(victim)
-                        with self._memory_guard():
-                            self._llama_cpp.llama_memory_seq_rm(self._mem, old.seq_id, -1, -1)
-                        slot = Slot(seq_id=old.seq_id, busy=True)
-                        self._slots[key] = slot
-                        return slot
                 self._slots_lock.wait()
+
+    def _try_acquire_slot(self, key: str) -> Slot | None:
+        """The slot for ``key`` now, or None when every slot is busy; for a caller that
+        already holds the model alone (an idle slot's eviction runs without the guard,
+        which would wait for that very hold)."""
+        with self._slots_lock:
+            return self._take_slot(key, model_held=True)
+
+    def _take_slot(self, key: str, model_held: bool) -> Slot | None:
+        slot = self._slots.get(key)
+        if slot is not None:
+            if slot.busy:
+                return None
+            slot.busy = True
+            return slot
+        busy = {s.seq_id for s in self._slots.values() if s.busy}
+        if self._free_seq_ids:
+            seq_id = pick_free_id(self._free_seq_ids, busy)
+            self._free_seq_ids.remove(seq_id)
+        else:
+            idle = [(s.last_used, s.seq_id, k) for k, s in self._slots.items() if not s.busy]
+            if not idle:
+                return None
+            old = self._slots.pop(pick_victim(idle, busy))
+            with nullcontext() if model_held else self._memory_guard():
+                self._llama_cpp.llama_memory_seq_rm(self._mem, old.seq_id, -1, -1)
+            seq_id = old.seq_id
+        slot = Slot(seq_id=seq_id, busy=True)
+        self._slots[key] = slot
+        return slot
 
     def _release_slot(self, slot: Slot) -> None:
         with self._slots_lock:

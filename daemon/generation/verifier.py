@@ -175,6 +175,21 @@ def _greedy(rows: Sequence[np.ndarray], states: list[GrammarState], i: int) -> i
     return constrained_argmax(rows[i], states[i])
 
 
+
+def _gap_records(req: StepRows, rows: Sequence[np.ndarray], states: list[GrammarState],
+                 chosen: Sequence[int]) -> list[TokenGap]:
+    """What each row of the step said where ``chosen`` took its token (the grammar's mask
+    applied), with the step's batch shape: greedy and sampled runs alike, so a test can
+    tell that a row was its own sequence's."""
+    own = req.tokens[: req.kept]
+    shape = tuple(own + [own[-1]] * (req.rows - req.kept))
+    gaps = []
+    for i, tok in enumerate(chosen):
+        g = token_gap(states[i].mask(rows[i]) if states else rows[i], tok)
+        g.pos0, g.batch, g.row, g.outputs = req.pos0, shape, i, req.outputs
+        gaps.append(g)
+    return gaps
+
 def _constrained_winner(
     states: list[GrammarState], dist: Callable[[np.ndarray], np.ndarray], raw_race_ok: bool,
 ) -> Callable[[int, np.ndarray, np.ndarray], int]:
@@ -632,23 +647,16 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                     while accepted < len(path) and path[accepted] == nxt:
                         accepted += 1
                         nxt = _greedy(rows, states, accepted)
-                    if params.record_gaps:
-                        t_rec = time.perf_counter()
-                        own = req.tokens[: req.kept]
-                        shape = tuple(own + [own[-1]] * (req.rows - req.kept))
-                        for i in range(accepted + 1):
-                            row = states[i].mask(rows[i]) if states else rows[i]
-                            g = token_gap(row, path[i] if i < accepted else nxt)
-                            g.pos0, g.batch, g.row = n_past, shape, i
-                            g.outputs = req.outputs
-                            gaps.append(g)
-                        stats.record_s += time.perf_counter() - t_rec
                 else:
                     assert noise is not None
                     winner = _constrained_winner(states, dist, raw_race_ok) if states \
                         else None
                     accepted, nxt = speculative_sample(rows, path, dist, noise, generated,
                                                        winner)
+                if params.record_gaps:
+                    t_rec = time.perf_counter()
+                    gaps = _gap_records(req, rows, states, [*path[:accepted], nxt])
+                    stats.record_s += time.perf_counter() - t_rec
                 # Keep the evaluated pending token and the accepted draft; drop the rest
                 # (padding included) before the next step's decode.
                 keep = n_past + 1 + accepted
