@@ -77,6 +77,12 @@ import click
               help="Also serve the OpenAI-compatible API at http://HOST:PORT/v1 (chat and "
                    "text completions; loopback is open, another address needs the token "
                    "or --insecure).")
+@click.option("--stop-timeout", type=click.FloatRange(min=0.0), default=10.0, show_default=True,
+              metavar="SECONDS",
+              help="From SIGTERM/SIGINT to exit at most: in-flight generations end at once "
+                   "(clients are told the daemon is stopping), the rest may finish within "
+                   "it; what still runs after it is abandoned (acknowledged writes stay "
+                   "durable).")
 @click.option("--rebuild", type=click.Choice(["background", "blocking"]), default="background",
               show_default=True,
               help="After a restart, rebuild the trees from LMDB while serving, or before.")
@@ -127,6 +133,7 @@ def serve(
     metrics_addr: str | None,
     metrics_namespaces: bool,
     http: str | None,
+    stop_timeout: float,
     rebuild: str,
     log_json: bool,
     log_level: str,
@@ -170,6 +177,7 @@ def serve(
         cache=CacheConfig(global_budget_tokens=global_budget_tokens),
         sync=not no_sync,
         background_rebuild=rebuild == "background",
+        stop_timeout_s=stop_timeout,
         extra={
             key: value
             for key, value in (("metrics_addr", metrics_addr),

@@ -17,6 +17,7 @@ from suffixd.daemon.generation.step_batch import (
     Interrupted,
     StepBatcher,
     StepRows,
+    Stopping,
     cheapest_layout,
     joint_lengths,
     padded_rows,
@@ -507,3 +508,22 @@ def test_the_measurement_waits_for_no_request_active_or_waiting() -> None:
         threading.Timer(0.2, stop.set).start()
         with pytest.raises(Interrupted), batcher.quiet_exclusive(stop):
             pass
+
+
+def test_a_stopped_batcher_refuses_every_later_step_and_still_lends_the_model() -> None:
+    """stop() (the daemon stops): each generation ends at its next step with Stopping
+    (UNAVAILABLE), and an exclusive hold (the model freed at the end) still gets the
+    model."""
+    decoded: list[int] = []
+    batcher = StepBatcher(lambda rows: decoded.append(len(rows)), 64, linear)
+    batcher.join()
+    with batcher.step(StepRows(0, [1], 0, 64)) as req:
+        batcher.stop()  # while a step is read: its sequence ends at the next one
+        req.emitted = 1
+    with pytest.raises(Stopping, match="the daemon is stopping"), \
+            batcher.step(StepRows(0, [2], 1, 64)):
+        pass
+    batcher.leave()
+    with batcher.exclusive():
+        pass
+    assert decoded == [1]

@@ -41,7 +41,6 @@ from ..common.errors import (
     FailedPrecondition,
     NotFound,
     ResourceExhausted,
-    Unavailable,
 )
 from ..model import extra_weight_buffers
 from .chat import ChatRenderer
@@ -49,6 +48,7 @@ from .cost_measure import MAX_PROFILE_ROUNDS, MeasurementStopped
 from .cost_store import FILE_NAME as COST_FILE
 from .cost_store import ProfileStore, StoredCosts, profile_key
 from .draft_model import AdaptiveDrafter, DraftModel, draft_seconds_per_token, measure
+from .step_batch import Stopping
 from .verifier import Chunk, GenerateParams, Verifier
 
 log = logging.getLogger("suffixd.generate")
@@ -298,10 +298,15 @@ class Generation:
         # when `suffixd serve` started (daemon/server/serve.py sets it), for the ready line
         self.started = getattr(engine, "serve_started", None) or time.monotonic()
         # The generations running (their cancel events) and whether the daemon stops:
-        # close() cancels them and waits for them before the models are freed.
+        # stop() cancels them, close() waits for them before the models are freed.
         self._runs: set[threading.Event] = set()
         self._runs_cond = threading.Condition()
         self._closing = False
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the daemon stops (``stop``): a generation ending early ended for that."""
+        return self._closing
 
     @property
     def loaded(self) -> Runtime | None:
@@ -323,7 +328,7 @@ class Generation:
             rt = self._runtime
             if rt is None:
                 if self._closing:
-                    raise Unavailable("the daemon is stopping")
+                    raise Stopping
                 try:
                     rt = Runtime(self.engine, self._set_phase)
                 except Exception as exc:
@@ -332,6 +337,8 @@ class Generation:
                 with self._ready_lock:
                     self._runtime = rt
                     ready, self._on_ready = self._on_ready, []
+                if self._closing:  # stop() ran during the load, before there was a verifier
+                    rt.verifier.stop_generating()
                 self._set_phase("")
                 log.info("generation ready", extra={
                     "since_start_s": round(time.monotonic() - self.started, 1),
@@ -345,61 +352,63 @@ class Generation:
                     rt.start_measuring()
             return rt
 
-    def drain(self, timeout: float) -> None:
-        """The daemon begins to stop: new generations are refused (UNAVAILABLE), the cost
-        measurement ends at its next batch, running generations may finish for up to
-        ``timeout`` seconds, and those still running then end at their next step with
-        UNAVAILABLE ("the daemon is stopping"), so that the fronts can answer them before
-        they close."""
+    def stop(self, timeout: float) -> int:
+        """The daemon stops: new generations are refused and every running one ends at its
+        next step (``Stopping``: UNAVAILABLE on gRPC, a 503 or a final error event on the
+        OpenAI endpoint; a long prompt between two of its chunks), the cost measurement at
+        its next batch. Waits up to ``timeout`` seconds for them to end, so that the fronts
+        answer them before they close; returns how many still run. Their steps are not
+        waited out: a generation's own end can be thousands of tokens away, past any
+        orchestrator's grace period."""
         deadline = time.monotonic() + timeout
         with self._runs_cond:
             self._closing = True
+            for cancelled in self._runs:
+                cancelled.set()
         rt = self._runtime
-        if rt is not None:
+        if rt is not None:  # (else runtime() stops the verifier it loads)
             rt.verifier.stop_measuring()
+            rt.verifier.stop_generating()
         with self._runs_cond:
             while self._runs and (left := deadline - time.monotonic()) > 0:
                 self._runs_cond.wait(left)
-            for cancelled in self._runs:
-                cancelled.set()
+            return len(self._runs)
 
     def close(self, timeout: float = 30.0) -> bool:
-        """Stop generating (the daemon stops): running generations are cancelled at their
-        next step and waited for, a model load in progress too, the cost measurement is
-        stopped and joined, and only then are the models freed. llama.cpp must not be
+        """Stop generating (``stop``), wait for the generations, a model load in progress
+        and the cost measurement, and only then free the models. llama.cpp must not be
         freed, nor the process exit, under a thread still inside it (a SIGTERM during
         the measurement crashed the process). Returns whether everything ended within
-        ``timeout`` seconds (if not, nothing is freed)."""
+        ``timeout`` seconds (if not, nothing is freed; ``still_running`` says what)."""
         deadline = time.monotonic() + timeout
-        with self._runs_cond:
-            self._closing = True
-            for cancelled in self._runs:
-                cancelled.set()
-        rt = self._runtime
-        if rt is not None:  # its measurement first: it may hold the model for a batch
-            rt.verifier.stop_measuring()
-        with self._runs_cond:
-            while self._runs and (left := deadline - time.monotonic()) > 0:
-                self._runs_cond.wait(left)
-            busy = len(self._runs)
-        if busy:
-            log.warning("%d generations still running at shutdown", busy)
+        if self.stop(timeout):
             return False
         # (after the generations: one may be waiting for the model to load)
         if not self._load_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            log.warning("the model was still loading at shutdown")
             return False
         try:
             rt = self._runtime
-            if rt is not None and not rt.close(max(0.0, deadline - time.monotonic())):
-                log.warning("the cost measurement did not stop at shutdown")
-                return False
-            return True
+            return rt is None or rt.close(max(0.0, deadline - time.monotonic()))
         finally:
             self._load_lock.release()
 
+    def still_running(self) -> list[str]:
+        """What kept ``close`` from freeing the models (threads that may be inside
+        llama.cpp), for the daemon's last warning."""
+        with self._runs_cond:
+            n = len(self._runs)
+        out = [f"{n} generation{'' if n == 1 else 's'}"] if n else []
+        if self._runtime is None and self.phase[0] and not self.phase[0].startswith("failed"):
+            out.append("the model load")
+        rt = self._runtime
+        if rt is not None and rt.measure_thread is not None and rt.measure_thread.is_alive():
+            out.append("the cost measurement")
+        return out
+
     def not_ready(self) -> str:
         """Why no generation can be served yet (for /health), "" once one can."""
+        if self._closing:  # a load balancer sends its next requests elsewhere
+            return "The daemon is stopping"
         if self._runtime is not None:
             return ""
         if getattr(self.engine, "model_path", None) is None:
@@ -491,7 +500,7 @@ class Generation:
         cancel = cancelled if cancelled is not None else threading.Event()
         with self._runs_cond:
             if self._closing:
-                raise Unavailable("the daemon is stopping")
+                raise Stopping
             self._runs.add(cancel)
         try:
             yield from self._run(req, cancel, prompt)
@@ -612,7 +621,7 @@ class Generation:
                                               cache_points=hints, cache_scope=ns):
                 if cancelled.is_set():
                     if self._closing:  # not the client's doing: say why it ended early
-                        raise Unavailable("the daemon is stopping")
+                        raise Stopping
                     break
                 generated += chunk.tokens
                 if chunk.finish_reason is not None and sid:

@@ -47,6 +47,10 @@ generation from its arrival, before its KV slot, to its end), so it never delays
 request by more than the one batch it has started. ``request()`` also times how long a
 generation queued before its first step (``BatchCounters.queue_*``).
 
+``stop()`` (the daemon stops): every later step is refused with ``Stopping``, so each
+generation ends at its next step, a long prompt's evaluation between two of its chunks;
+steps already queued run (one decode at most).
+
 The batcher knows nothing of llama.cpp: the verifier gives it the decode to run.
 """
 
@@ -60,6 +64,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from ..common.errors import Unavailable
 from .step_cost import PAD_ROW_WEIGHT, Entry, StepCostModel, split_equal
 
 # A prompt chunk's share of a step when decoding rows would fill it: prompts still move.
@@ -532,6 +537,14 @@ class Interrupted(Exception):
     """A ``quiet_exclusive`` wait ended by its stop event (the daemon is stopping)."""
 
 
+class Stopping(Unavailable):
+    """The daemon is stopping: a generation ends here (UNAVAILABLE on gRPC, 503 on the
+    OpenAI endpoint), not by its own finish."""
+
+    def __init__(self, message: str = "the daemon is stopping") -> None:
+        super().__init__(message)
+
+
 class Request:
     """One generation in the batcher, from its arrival (``StepBatcher.request``)."""
 
@@ -596,6 +609,7 @@ class StepBatcher:
         self._step_log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
         self._last_batch: list[StepRows] = []
         self._last_gap = 0.0
+        self._stopping = False
 
     @property
     def rate(self) -> float:
@@ -710,9 +724,18 @@ class StepBatcher:
         finally:
             self._release_model()
 
+    def stop(self) -> None:
+        """Refuse every later step (``Stopping``): the daemon stops, and a generation must
+        not run the hundreds of steps to its own end (nor a long prompt's chunks)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
     def _submit(self, req: StepRows) -> None:
         cond = self._cond
         with cond:
+            if self._stopping:
+                raise Stopping
             req.arrived = time.monotonic()
             req.done, req.error = False, None
             self._pending.append(req)

@@ -345,6 +345,11 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         """End a cost measurement in progress at its next batch (MeasurementStopped)."""
         self._measure_stop.set()
 
+    def stop_generating(self) -> None:
+        """The daemon stops: every generation ends at its next step with ``Stopping``
+        (a step already queued still runs)."""
+        self._steps.stop()
+
     def batch_stats(self) -> dict[str, Any]:
         """How the steps were shared: steps, sequences and rows per step, requests'
         queueing before their first step, and the cost measurement's progress and the

@@ -72,6 +72,7 @@ from starlette.routing import Route
 from ..common.errors import EngineError, NotFound
 from ..generation.grammar import Grammar, GrammarError
 from ..generation.pipeline import Generation, GenerationRequest
+from ..generation.step_batch import Stopping
 from .dashboard import Dashboard
 from .requests import (
     ApiError,
@@ -82,7 +83,7 @@ from .requests import (
     return_token_ids,
 )
 from .session_finder import AUTO_SESSION_IDLE_S, AUTO_SESSIONS_PER_NAMESPACE, SessionFinder
-from .streams import HUNG_UP, EventStream, Run, completion_body
+from .streams import HUNG_UP, EventStream, Run, completion_body, stopping_error
 from .structured import RawReplies, ReplyShaper, Structure, parse_structure
 
 log = logging.getLogger("suffixd.http")
@@ -237,6 +238,8 @@ class OpenAIFront:
             return await handler(request)  # type: ignore[no-any-return]
         except ApiError as exc:
             return _error_response(exc)
+        except Stopping as exc:  # e.g. a model load the stop refused
+            return _error_response(stopping_error(str(exc)))
         except Exception as exc:
             return _error_response(api_error(exc))
 
@@ -456,11 +459,19 @@ class HttpServer:
                 raise RuntimeError("the HTTP server did not start within 10 s")
             time.sleep(0.01)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop serving: no new connection, and the answers in progress get ``timeout``
+        seconds to end (a streamed one whose generation the daemon's stop ended sends its
+        last events) before uvicorn cancels them. Returns whether the server ended."""
+        # read by uvicorn's shutdown (asyncio.wait_for: float seconds, though typed int);
+        # the rest of the timeout is for what follows it
+        config: Any = self._server.config
+        config.timeout_graceful_shutdown = max(0.0, timeout - 0.5)
         self._server.should_exit = True
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=timeout)
         with contextlib.suppress(OSError):
             self._sock.close()
+        return not self._thread.is_alive()
 
 
 def start_http(engine: Any, spec: str, *, token: str | None, insecure: bool,

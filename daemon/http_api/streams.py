@@ -2,7 +2,8 @@
 event loop, and the chunks as a JSON body or as server-sent events.
 
 Interface: ``Run(generation, req, prompt, loop)`` (``start()`` the worker thread,
-``await next()`` the next chunk, ``cancel()`` between two steps); ``completion_body``
+``await next()`` the next chunk, ``cancel()`` between two steps; a generation the
+daemon's stop ended is ``stopping_error``, a 503); ``completion_body``
 (the JSON of an answer that is not streamed); ``EventStream`` (the response of one that
 is: ``sse_events``, its event stream); ``usage`` and ``draft_stats`` (what every answer
 reports: OpenAI's ``usage``, and the ``suffixd`` object with the draft counts by source).
@@ -23,6 +24,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..generation.pipeline import Generation, GenerationRequest
+from ..generation.step_batch import Stopping
 from ..generation.verifier import Chunk
 from .requests import ApiError, api_error
 from .structured import ReplyShaper
@@ -44,6 +46,13 @@ def _merged(chunks: list[Chunk], last: Chunk) -> Chunk:
         accepted=sum(c.accepted for c in chunks) + last.accepted,
         finish_reason=last.finish_reason, stats=last.stats,
     )
+
+
+def stopping_error(message: str = "the daemon is stopping") -> ApiError:
+    """What a request the daemon's stop ended gets: a 503 (an answer not yet started, or
+    one that is not streamed) or, streamed, a final error event; a client may retry it
+    on another replica."""
+    return ApiError(503, message, kind="unavailable_error", code="daemon_stopping")
 
 
 class Run:
@@ -92,7 +101,11 @@ class Run:
     async def next(self) -> Chunk:
         item = await self._queue.get()
         if item is self._END:
+            if self._generation.stopping:  # its cancel came from the stop, not the client
+                raise stopping_error()
             raise ApiError(500, "generation ended without a final chunk", kind="server_error")
+        if isinstance(item, Stopping):
+            raise stopping_error(str(item)) from item
         if isinstance(item, BaseException):
             raise item
         return item  # type: ignore[no-any-return]

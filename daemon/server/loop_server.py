@@ -282,14 +282,15 @@ class LoopServer:
         if self.health_servicer is not None and not self._stopped.is_set():
             self.call(self.health_servicer.enter_graceful_shutdown())
 
-    def stop(self, grace: float | None) -> threading.Event:
+    def stop(self, grace: float | None, settle_s: float = SETTLE_S) -> threading.Event:
         """Stop accepting RPCs, let in-flight ones finish for up to ``grace`` seconds, then
-        cancel the rest; returns once stopped (the Event is set)."""
+        cancel the rest, and give the loop's last tasks up to twice ``settle_s``; returns
+        once stopped (the Event is set)."""
         if not self._stopped.is_set():
             try:
                 if self._started:
                     self.call(self.server.stop(grace))
-                    self.call(_settle_tasks(SETTLE_S))
+                    self.call(_settle_tasks(settle_s))
             finally:
                 self.loop.call_soon_threadsafe(self.loop.stop)
                 self._thread.join()

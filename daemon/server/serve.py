@@ -5,8 +5,11 @@
   (``claim_sockets``: before the store opens, so a daemon refused a live daemon's socket
   leaves its store alone and says so at once), opens the Engine, joins the fleet, builds
   the server, starts the HTTP front, writes ``<data dir>/daemon.json`` (the pid and the
-  bound addresses) once serving; on SIGTERM/SIGINT stops accepting, lets in-flight RPCs
-  finish (grace period), then closes the engine (counters flushed, LMDB closed cleanly).
+  bound addresses) once serving; on SIGTERM/SIGINT stops accepting, ends the in-flight
+  generations at their next step (their clients are told the daemon is stopping), lets
+  the other in-flight RPCs finish (grace period), then closes the engine (counters
+  flushed, LMDB closed cleanly), all within ``--stop-timeout`` (daemon/server/stopping.py:
+  past it, what still runs is abandoned and the process exits).
 * ``build_server(engine, cfg, claimed=None)``: one LoopServer
   (daemon/server/loop_server.py: a ``grpc.aio`` server on an event loop of its own
   thread) with suffixd.v1.Suffixd, the standard health service (everything SERVING
@@ -47,6 +50,7 @@ from .datadir import DataDirLock, owner_only, write_private
 from .loop_server import LoopServer
 from .serve_config import Listener, ServeConfig, ServeError, parse_listen
 from .startup import check_draft_vocabulary, preflight, preload_generator
+from .stopping import StopClock, stop_generation
 
 log = logging.getLogger("suffixd.server")
 
@@ -272,21 +276,6 @@ def start_fleet(engine: Any, cfg: ServeConfig) -> None:
         raise ServeError(str(exc)) from None
 
 
-def stop_generation(engine: Any, timeout: float = 30.0) -> bool:
-    """Before the engine closes and the process exits: the generations cancelled and
-    waited for, the cost measurement stopped and joined, the model freed (a thread left
-    inside llama.cpp while the process exits crashes it: SIGSEGV after "stopped").
-    Returns whether no thread can be inside llama.cpp any more."""
-    generation = getattr(engine, "generator", None)
-    if generation is None:
-        return True
-    try:
-        return bool(generation.close(timeout))
-    except Exception:
-        log.exception("stopping generation failed")
-        return False
-
-
 def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None) -> int:
     """Serve until SIGTERM/SIGINT. Raises ServeError for a start-up problem."""
     from suffixcache.store import TokenizerMismatchError
@@ -297,10 +286,11 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
     # From the start: a SIGTERM during start-up (the store opening, the trees loading)
     # ends it cleanly too, instead of Python's default of dying mid-write.
     stop = threading.Event()
+    clock = StopClock(cfg.stop_timeout_s, stop)
 
     def on_signal(signum: int, frame: Any) -> None:
         log.info("signal received, shutting down", extra={"signal": signum})
-        stop.set()
+        clock.signalled()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -346,6 +336,9 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
             engine.draft_model_path = Path(draft_model)  # type: ignore[attr-defined]
         server, bound = build_server(engine, cfg, claimed)
         claimed = {}  # the server holds them now
+        generator = getattr(engine, "generator", None)
+        if generator is not None:  # what the stop's last warning lists
+            clock.running = generator.still_running
         socket_locks = server.socket_locks
         if stop.is_set():
             return 0
@@ -379,28 +372,37 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
             preload_generator(engine)
         if ready is not None:
             ready(bound)
+        clock.phase = "ending the generations"  # (the next thing it does)
         while not stop.wait(0.5):
             pass
         server.enter_graceful_shutdown()
-        # generations finish within the grace period or end with UNAVAILABLE, before the
-        # fronts close (an HTTP stream still open then was cut with a traceback)
+        # The generations end at their next step, told why (UNAVAILABLE, 503, a final
+        # error event), before the fronts close: waiting for their own end took longer
+        # than an orchestrator's grace period, and a stream still open when the HTTP
+        # front closed was cut with a traceback.
         generation = getattr(engine, "generator", None)
         if generation is not None:
-            generation.drain(cfg.grace_s)
+            generation.stop(clock.left(clock.reserve))
         if http is not None:
-            http.stop()
+            clock.phase = "closing the HTTP front"
+            http.stop(clock.left(clock.reserve))
             http = None
-        server.stop(cfg.grace_s).wait()
+        clock.phase = "stopping the gRPC server"
+        server.stop(min(cfg.grace_s, clock.left(clock.reserve)),
+                    settle_s=clock.reserve / 4).wait()
         server = None
         return 0
     finally:
         if http is not None:
-            http.stop()
+            http.stop(clock.left(clock.reserve))
         if server is not None:
             server.stop(0)
-        quiet = True
+        abandoned: list[str] = []
         if engine is not None:
-            quiet = stop_generation(engine)
+            clock.phase = "freeing the model"
+            # what is left but a moment for closing the engine (fast: a flush and a close)
+            abandoned = stop_generation(engine, clock.left(clock.reserve / 4))
+            clock.phase = "closing the engine"
             engine.close()
         with contextlib.suppress(OSError):
             announce.unlink()
@@ -412,10 +414,8 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
             socket_lock.release()
         lock.release()
         log.info("stopped")
-        if not quiet:
-            # The store is closed and flushed; what remains is a thread inside llama.cpp,
-            # which the C library's exit handlers would crash under. End here instead.
-            log.warning("a thread was still inside llama.cpp: exiting without the C exit "
-                        "handlers")
-            logging.shutdown()
-            os._exit(0)
+        if abandoned:
+            # The store is closed and flushed; what remains is a thread that may be inside
+            # llama.cpp, which the C library's exit handlers would crash under.
+            clock.abandon(abandoned, "freeing the model")
+        clock.finished()

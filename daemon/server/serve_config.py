@@ -34,6 +34,9 @@ class ServeConfig:
     # daemon/grpc_api/suffixd_service.py).
     max_streams: int = 64
     grace_s: float = 10.0
+    # From SIGTERM to exit at most (daemon/server/stopping.py); past it, what still runs
+    # is abandoned.
+    stop_timeout_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
     cache: CacheConfig = field(default_factory=CacheConfig)
     sync: bool = True
