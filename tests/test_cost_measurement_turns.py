@@ -92,7 +92,7 @@ def test_a_single_slot_daemon_answers_during_its_first_measurement(tmp_path: Pat
         assert d.http is not None
         with httpx.Client(base_url=d.http, timeout=ANSWER_S) as http:
             for i in range(2):
-                r = http.post("/v1/chat/completions", json={
+                r = http.post("/chat/completions", json={
                     "model": "default", "max_tokens": 8, "temperature": 0,
                     "messages": [{"role": "user", "content": f"Count to {i + 3}."}]})
                 assert r.status_code == 200, r.text

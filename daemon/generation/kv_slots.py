@@ -106,26 +106,44 @@ class KvSlots:
     def _acquire_slot(self, key: str) -> Slot:
         with self._slots_lock:
             while True:
-                slot = self._take_slot(key, model_held=False)
-                if slot is not None:
-                    return slot
+                taken = self._take_slot(key)
+                if taken is not None:
+                    break
                 self._slots_lock.wait()
+        slot, evicted = taken
+        if evicted:
+            # Outside the slot table's lock: the guard waits for the model, and a holder of
+            # the model (the cost measurement) may be waiting for the table meanwhile. The
+            # slot is already this caller's, so nothing else touches its sequence.
+            with self._memory_guard():
+                self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+        return slot
 
     def _try_acquire_slot(self, key: str) -> Slot | None:
         """The slot for ``key`` now, or None when every slot is busy; for a caller that
         already holds the model alone (an idle slot's eviction runs without the guard,
         which would wait for that very hold)."""
         with self._slots_lock:
-            return self._take_slot(key, model_held=True)
+            taken = self._take_slot(key)
+        if taken is None:
+            return None
+        slot, evicted = taken
+        if evicted:
+            self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+        return slot
 
-    def _take_slot(self, key: str, model_held: bool) -> Slot | None:
+    def _take_slot(self, key: str) -> tuple[Slot, bool] | None:
+        """Marks ``key``'s slot busy (a free sequence, else the idle one ``pick_victim``
+        chooses) and says whether an evicted session's KV is still to be removed from it;
+        None when every slot is busy. Called with the slot table's lock held."""
         slot = self._slots.get(key)
         if slot is not None:
             if slot.busy:
                 return None
             slot.busy = True
-            return slot
+            return slot, False
         busy = {s.seq_id for s in self._slots.values() if s.busy}
+        evicted = not self._free_seq_ids
         if self._free_seq_ids:
             seq_id = pick_free_id(self._free_seq_ids, busy)
             self._free_seq_ids.remove(seq_id)
@@ -133,13 +151,10 @@ class KvSlots:
             idle = [(s.last_used, s.seq_id, k) for k, s in self._slots.items() if not s.busy]
             if not idle:
                 return None
-            old = self._slots.pop(pick_victim(idle, busy))
-            with nullcontext() if model_held else self._memory_guard():
-                self._llama_cpp.llama_memory_seq_rm(self._mem, old.seq_id, -1, -1)
-            seq_id = old.seq_id
+            seq_id = self._slots.pop(pick_victim(idle, busy)).seq_id
         slot = Slot(seq_id=seq_id, busy=True)
         self._slots[key] = slot
-        return slot
+        return slot, evicted
 
     def _release_slot(self, slot: Slot) -> None:
         with self._slots_lock:
@@ -235,9 +250,11 @@ class KvSlots:
             slot = self._slots.get(session_key)
             if slot is None or slot.busy:
                 return
-            del self._slots[session_key]
-            with self._memory_guard():
-                self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+            del self._slots[session_key]  # its sequence is neither free nor taken meanwhile
+        # the guard outside the table's lock, as in _acquire_slot
+        with self._memory_guard():
+            self._llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+        with self._slots_lock:
             self._free_seq_ids.append(slot.seq_id)
             self._slots_lock.notify_all()
 
