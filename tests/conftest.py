@@ -57,6 +57,46 @@ def missing_tool(message: str) -> None:
     pytest.skip(message)
 
 
+# The tiers, cheapest first (`pytest -m unit` in seconds; CI runs them all, in this order,
+# so a broken data structure fails before the daemons start): what a test needs decides
+# its tier, read off the test rather than kept by hand.
+TIERS = ("unit", "model", "daemon", "fleet", "browser")
+_DAEMON_FIXTURES = {"daemon", "daemon_factory", "shared_daemon"}
+
+
+def _tier(item: pytest.Item) -> str:
+    module = getattr(item, "module", None)
+    names = set(vars(module)) if module is not None else set()
+    if module is not None and module.__name__.endswith("test_dashboard_browser"):
+        return "browser"
+    if any("redis-server" in m.args for m in item.iter_markers("needs_binary")):
+        return "fleet"
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & _DAEMON_FIXTURES or "DaemonProcess" in names:
+        return "daemon"
+    if names & {"Verifier", "embedded_model_path", "Engine", "Runtime", "Generation"}:
+        return "model"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tier_of = {}
+    for item in items:
+        tier_of[item.nodeid] = tier = _tier(item)
+        item.add_marker(getattr(pytest.mark, tier))
+    items.sort(key=lambda it: TIERS.index(tier_of[it.nodeid]))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which llama.cpp kernels the model tests run on (they differ by CPU and build)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return "llama.cpp: not installed"
+    info = llama_cpp.llama_print_system_info().decode().strip()
+    return f"llama.cpp {llama_cpp.__version__} from {Path(llama_cpp.__file__).parent}: {info}"
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for mark in item.iter_markers("needs_binary"):
         absent = [name for name in mark.args if shutil.which(name) is None]
