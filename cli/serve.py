@@ -77,6 +77,10 @@ import click
               help="Also serve the OpenAI-compatible API at http://HOST:PORT/v1 (chat and "
                    "text completions; loopback is open, another address needs the token "
                    "or --insecure).")
+@click.option("--allowed-hosts", "allowed_hosts", multiple=True, metavar="NAME[,NAME]",
+              help="Host names the --http front also answers to, besides its own address "
+                   "(and localhost on loopback); '*' allows any. A web page under another "
+                   "name is refused (DNS rebinding).")
 @click.option("--stop-timeout", type=click.FloatRange(min=0.0), default=10.0, show_default=True,
               metavar="SECONDS",
               help="From SIGTERM/SIGINT to exit at most: in-flight generations end at once "
@@ -133,6 +137,7 @@ def serve(
     metrics_addr: str | None,
     metrics_namespaces: bool,
     http: str | None,
+    allowed_hosts: tuple[str, ...],
     stop_timeout: float,
     rebuild: str,
     log_json: bool,
@@ -148,12 +153,16 @@ def serve(
     Ctrl-C."""
     from suffixd.daemon.common.config import CacheConfig, Limits, default_data_dir
     from suffixd.daemon.common.logs import configure
+    from suffixd.daemon.http_api.guard import parse_allowed_hosts
     from suffixd.daemon.server.serve import run
     from suffixd.daemon.server.serve_config import ServeConfig, ServeError
 
     configure(log_level, json_lines=log_json)
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
+    hosts = parse_allowed_hosts(allowed_hosts)
+    if hosts and not http:
+        raise click.UsageError("--allowed-hosts names hosts of the --http front: give --http")
     cfg = ServeConfig(
         data_dir=data_dir or default_data_dir(),
         listen=list(listen),
@@ -184,6 +193,7 @@ def serve(
                                ("metrics_namespaces", metrics_namespaces),
                                ("draft_model", draft_model),
                                ("model_load", model_load), ("http", http),
+                               ("allowed_hosts", hosts),
                                ("ctx_size", ctx_size), ("kv_slots", kv_slots),
                                ("threads", threads), ("n_gpu_layers", n_gpu_layers),
                                ("fleet", fleet), ("node_id", node_id))

@@ -165,7 +165,10 @@ def _generator_lines(g: Mapping[str, Any]) -> list[str]:
         out.append("  padded batches: " + "  ".join(
             f"{k}->{v}" for k, v in sorted(g["batch_padding"].items())))
     d = g.get("draft_model")
-    if d:
+    if d and "not_drafting" in d:
+        out.append(f"  draft model: {d.get('path', '(given)')}, not drafting yet: "
+                   f"{d['not_drafting']}")
+    elif d:
         out.append(
             f"  draft model: drafted at {d['used']:,} steps, declined {d['skipped']:,} "
             f"(probes {d['probes']:,}); acceptance {d['acceptance']:.2f}; now plans "

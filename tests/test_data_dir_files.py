@@ -161,6 +161,21 @@ def test_saving_never_writes_through_a_leftover_link(store: ProfileStore,
     assert stat.S_IMODE(announce.stat().st_mode) == 0o600
 
 
+def test_a_file_that_cannot_be_replaced_is_named_itself(tmp_path: Path) -> None:
+    """Issue 44, item 8: daemon.json as a directory was reported as 'daemon.json.tmp', a
+    file the user never made; the error names daemon.json and leaves no temporary file."""
+    from suffixd.daemon.server.startup import disk_error_line
+
+    announce = tmp_path / "daemon.json"
+    announce.mkdir()
+    with pytest.raises(OSError) as err:
+        write_private(announce, "{}")
+    assert err.value.filename == str(announce)
+    line = disk_error_line(tmp_path, err.value)
+    assert f"({announce})" in line and ".tmp" not in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["daemon.json"]
+
+
 def test_owner_only_leaves_links_and_their_targets_alone(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     data = tmp_path / "data"

@@ -46,6 +46,19 @@ def test_data_dir_and_its_files_are_owner_only_whatever_existed(daemon_factory: 
 def test_insecure_is_announced_at_start(daemon_factory: Any) -> None:
     proc = daemon_factory(args=["--listen", "127.0.0.1:0", "--insecure"])
     assert "--insecure" in proc.log() and "without a token" in proc.log()
+    assert "has no token" not in proc.log()  # loopback only: nothing open to others
+
+
+def test_a_tokenless_daemon_off_loopback_names_its_open_ports(daemon_factory: Any) -> None:
+    """Issue 44, item 7: each listener that others can reach without a token is named in a
+    warning at start, the HTTP front's and gRPC's."""
+    proc = daemon_factory(args=["--listen", "0.0.0.0:0", "--http", "0.0.0.0:0", "--insecure"])
+    warned = [line for line in proc.log().splitlines() if "has no token" in line]
+    http_port = proc.http.rsplit(":", 1)[1].split("/")[0]
+    grpc_port = proc.tcp.rsplit(":", 1)[1]
+    assert any(f"HTTP front at http://0.0.0.0:{http_port}/v1" in line for line in warned), warned
+    assert any(f"gRPC listener at 0.0.0.0:{grpc_port}" in line for line in warned), warned
+    assert all("WARNING" in line or "warning" in line for line in warned), warned
 
 
 def test_a_live_daemons_socket_is_never_taken_over(daemon_factory: Any, tmp_path: Path) -> None:

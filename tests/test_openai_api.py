@@ -8,12 +8,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import llama_cpp
 import openai
 import pytest
+from starlette.testclient import TestClient
+from suffixd.daemon.http_api.app import OpenAIFront
+from suffixd.daemon.http_api.guard import HostRule, is_json_type, parse_allowed_hosts
 from suffixd.daemon.http_api.session_finder import SessionFinder
 from suffixd.daemon.model import embedded_model_path
 
@@ -284,6 +288,28 @@ def test_bad_requests_get_openai_shaped_errors(http_daemon: Any, body: Any, stat
     assert httpx.get(base + "/v1/nothing-here", timeout=10).status_code == 404
 
 
+@pytest.mark.parametrize(("body", "param"), [
+    ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": 1}, "stream"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "wizard", "content": "x"}]},
+     "messages[1].role"),
+])
+def test_stream_and_roles_are_checked_with_the_param_named(http_daemon: Any, body: Any,
+                                                           param: str) -> None:
+    """Issue 44, item 8: ``"stream": "yes"`` was taken as true, and an unknown role was a
+    400 naming no param; OpenAI answers both with a 400 naming the field."""
+    base = http_daemon.proc.http.removesuffix("/v1")
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        if path == "/v1/completions":
+            if param != "stream":
+                continue
+            body = {"prompt": "SELECT", "stream": body["stream"]}
+        r = _post(base, path, body)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == param and err["type"] == "invalid_request_error", err
+
+
 def test_client_disconnect_mid_stream_stops_generation(http_daemon: Any) -> None:
     base = http_daemon.proc.http.removesuffix("/v1")
     body = {"prompt": "SELECT * FROM singer WHERE", "max_tokens": 2000, "temperature": 0,
@@ -372,6 +398,132 @@ def test_a_public_address_without_token_is_refused(tmp_path: Any) -> None:
     assert r.returncode != 0
     assert "needs a bearer token" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "d" / "store").exists()  # refused before anything was built
+
+
+# ------------------------------------------ web pages that drive a daemon (issue 44, item 7)
+def _front(token: str | None = None, hosts: HostRule | None = None) -> TestClient:
+    """The front alone (no model): what refuses a request does so before generating."""
+    engine = SimpleNamespace(model_path=None, limits=None)
+    generation = SimpleNamespace(not_ready=lambda: "")
+    front = OpenAIFront(engine, generation, token=token,  # type: ignore[arg-type]
+                        require_token=bool(token), max_body_bytes=1 << 20, hosts=hosts)
+    return TestClient(front.app)
+
+
+def test_which_hosts_a_front_answers() -> None:
+    loop = HostRule("127.0.0.1", "127.0.0.1")
+    for ok in ("127.0.0.1:8080", "localhost:8080", "LOCALHOST.", "[::1]:8080", "127.0.0.1",
+               None):
+        assert loop.allows(ok), ok
+    for bad in ("evil.example", "evil.example:8080", "127.0.0.1.evil.example", "10.0.0.1",
+                "", "localhost.evil.example:8080"):
+        assert not loop.allows(bad), bad
+    # every address: any IP literal (no rebinding can send one), loopback, no other name
+    anywhere = HostRule("0.0.0.0", "0.0.0.0")
+    assert anywhere.allows("10.1.2.3:80") and anywhere.allows("localhost")
+    assert anywhere.allows("[fe80::1]:80") and not anywhere.allows("myhost.lan")
+    one = HostRule("192.168.1.5", "192.168.1.5")
+    assert one.allows("192.168.1.5:8080") and not one.allows("localhost")
+    assert not one.allows("192.168.1.6")
+    six = HostRule("::1", "::1")
+    assert six.allows("[::1]:8080") and six.allows("localhost") and not six.allows("evil.x")
+    named = HostRule("myhost.lan", "192.168.1.5", parse_allowed_hosts(["agent.internal,Other:80"]))
+    for ok in ("myhost.lan:8080", "AGENT.internal", "other", "192.168.1.5"):
+        assert named.allows(ok), ok
+    assert not named.allows("evil.example")
+    assert HostRule("127.0.0.1", "127.0.0.1", ["*"]).allows("evil.example")
+    assert parse_allowed_hosts(["a, [::1]:80", "*"]) == ["a", "::1", "*"]
+    assert "--allowed-hosts evil.example" in loop.describe("evil.example:8080")
+
+
+def test_a_foreign_host_is_refused_before_any_route() -> None:
+    """DNS rebinding: a page on evil.example re-pointed at 127.0.0.1 sends its own name
+    as the Host, on the API, the dashboard and /health alike."""
+    client = _front(hosts=HostRule("127.0.0.1", "127.0.0.1"))
+    r = client.get("/v1/models", headers={"Host": "evil.example:8080"})
+    assert r.status_code == 403, r.text
+    err = r.json()["error"]
+    assert err["code"] == "host_not_allowed" and "evil.example" in err["message"]
+    for path in ("/dashboard/history.json", "/dashboard", "/health"):
+        r = client.get(path, headers={"Host": "evil.example"})
+        assert r.status_code == 403 and "--allowed-hosts" in r.text, path
+    assert client.get("/v1/models", headers={"Host": "localhost:8080"}).status_code == 200
+    assert client.get("/health", headers={"Host": "127.0.0.1:8080"}).status_code == 200
+
+
+def test_a_body_that_is_not_sent_as_json_is_refused() -> None:
+    """A CORS simple request (text/plain, a form, or no type: no preflight) reaches the
+    daemon from any page; only a JSON type, which a browser preflights, is taken."""
+    client = _front()
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
+    for kind in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                 "multipart/form-data; boundary=x", None):
+        headers = {"Origin": "http://evil.example"}
+        if kind is not None:
+            headers["Content-Type"] = kind
+        r = client.post("/v1/chat/completions", content=body, headers=headers)
+        assert r.status_code == 415, (kind, r.text)
+        err = r.json()["error"]
+        assert err["code"] == "unsupported_media_type" and "application/json" in err["message"]
+    for kind in ("application/json", "Application/JSON; charset=utf-8",
+                 "application/vnd.api+json"):
+        assert is_json_type(kind), kind
+    for kind in ("text/json-ish", "json", "application/jsonp", "+json", None, ""):
+        assert not is_json_type(kind), kind
+
+
+def test_the_bearer_scheme_is_case_insensitive_on_the_api_too() -> None:
+    """Issue 44, item 8: 'bearer TOKEN' (RFC 7235: the scheme in any case) was refused on
+    /v1 and accepted on /dashboard."""
+    client = _front(token="s3cret")
+    for header in ("bearer s3cret", "BEARER s3cret", "Bearer s3cret"):
+        assert client.get("/v1/models", headers={"Authorization": header}).status_code == 200
+        assert client.get("/dashboard/static/dashboard.css",
+                          headers={"Authorization": header}).status_code == 200
+    for header in ("bearer s3cre", "Basic s3cret", "s3cret", "bearers3cret"):
+        assert client.get("/v1/models", headers={"Authorization": header}).status_code == 401
+
+
+def test_the_grpc_token_check_takes_the_scheme_in_any_case() -> None:
+    import asyncio
+
+    from suffixd.daemon.server.auth import BearerTokenInterceptor
+
+    handler = SimpleNamespace(request_streaming=False, response_streaming=False)
+    interceptor = BearerTokenInterceptor("s3cret")
+
+    def verdict(value: str) -> bool:
+        async def continuation(details: Any) -> Any:
+            return handler
+        details = SimpleNamespace(method="/suffixd.v1.Suffixd/Info",
+                                  invocation_metadata=[("authorization", value)])
+        return asyncio.run(interceptor.intercept_service(continuation, details)) is handler
+
+    assert verdict("Bearer s3cret") and verdict("bearer s3cret") and verdict("BEARER s3cret")
+    assert not verdict("bearer wrong") and not verdict("Basic s3cret")
+
+
+def test_the_daemon_refuses_web_pages_and_answers_its_names(http_daemon: Any,
+                                                           daemon_factory: Any) -> None:
+    """The two probes of issue 44 against a real daemon: a text/plain POST from another
+    origin and a rebound Host; then --allowed-hosts."""
+    base = http_daemon.proc.http.removesuffix("/v1")
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    r = httpx.post(base + "/v1/chat/completions", content=body, timeout=30, headers={
+        "Content-Type": "text/plain", "Origin": "http://evil.example"})
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+    r = httpx.get(base + "/dashboard/history.json", timeout=30,
+                  headers={"Host": "evil.example"})
+    assert r.status_code == 403 and "DNS rebinding" in r.text
+    port = base.rsplit(":", 1)[1]
+    assert httpx.get(base + "/v1/models", timeout=30,
+                     headers={"Host": f"localhost:{port}"}).status_code == 200
+    proc = daemon_factory(args=["--http", "127.0.0.1:0", "--allowed-hosts", "agent.internal"])
+    named = proc.http.removesuffix("/v1")
+    assert httpx.get(named + "/v1/models", timeout=30,
+                     headers={"Host": "agent.internal:80"}).status_code == 200
+    assert httpx.get(named + "/v1/models", timeout=30,
+                     headers={"Host": "evil.example"}).status_code == 403
 
 
 # ------------------------------------------------------------ the finder, as a unit
@@ -509,7 +661,8 @@ def test_finder_follows_an_agent_that_drops_a_malformed_reply() -> None:
     m6 = [*m2, {"role": "assistant", "content": "r2"}, {"role": "user", "content": "out2"}]
     assert f.claim("ns", m6) == (sid, True)
     f.release("ns", sid, m6, "r3")
-    # the turn resent as it was (a retry) still forks, and a first turn never continues
+    # the turn resent as it was (a retry) still forks, and a first turn continues no
+    # session whose latest prompt it does not go on from
     assert f.claim("ns", m6)[0] != sid
     assert not f.claim("ns", [*m1, {"role": "user", "content": "again"}])[1]
     # two sessions that could be meant: neither
@@ -519,6 +672,66 @@ def test_finder_follows_an_agent_that_drops_a_malformed_reply() -> None:
         assert not found
         f2.release("ns", other, m2, reply)
     assert not f2.claim("ns", [*m2, {"role": "user", "content": "again"}])[1]
+
+
+def test_finder_follows_an_agent_that_drops_its_first_reply() -> None:
+    """Issue 44, item 10: the first reply dropped (cut at the token limit), the agent asks
+    again with a user message: no assistant message at all, yet the session goes on."""
+    f = SessionFinder()
+    system = {"role": "system", "content": "S"}
+    m1 = [system, {"role": "user", "content": "task"}]
+    sid, _ = f.claim("ns", m1)
+    f.release("ns", sid, m1, "a reply cut at the limit")
+    nudge = {"role": "user", "content": "Your previous response reached the output token "
+                                        "limit. Answer shorter."}
+    m2 = [*m1, nudge]
+    assert f.claim("ns", m2) == (sid, True)
+    f.release("ns", sid, m2, "cut again")
+    # dropped twice: goes on from the latest prompt, by user messages only
+    m3 = [*m2, {"role": "user", "content": "shorter still"}, nudge]
+    assert f.claim("ns", m3) == (sid, True)
+    f.release("ns", sid, m3, "done")
+    # what is no extension by user messages opens a session of its own: the prompt sent
+    # again (a retry forks), another system prompt after it, a prompt that shares only
+    # the system message with the session's
+    assert f.claim("ns", m3)[0] != sid
+    assert not f.claim("ns", [*m3, {"role": "system", "content": "more"}])[1]
+    assert not f.claim("ns", [system, {"role": "user", "content": "another task"}])[1]
+    # a session whose prompt is a system message alone names no conversation
+    g = SessionFinder()
+    sid, _ = g.claim("ns", [system])
+    g.release("ns", sid, [system], "r")
+    assert not g.claim("ns", [system, {"role": "user", "content": "q"}])[1]
+    # two sessions with that prompt: neither is guessed
+    h = SessionFinder()
+    for reply in ("ra", "rb"):
+        other, _ = h.claim("ns", m1)
+        h.release("ns", other, m1, reply)
+    assert not h.claim("ns", m2)[1]
+
+
+def test_an_agent_that_drops_a_reply_cut_at_the_limit_keeps_its_session(
+        http_daemon: Any) -> None:
+    """Issue 44, item 10, through the daemon: [system, user] answered with finish_reason
+    'length', then the same two and a user message saying so (the reply dropped): the
+    same session, its prompt's KV reused."""
+    ns = "cut-reply"
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Write the SQL for every singer, with a long comment "
+                                        "on each column."}]
+    r = http_daemon.oai.chat.completions.create(
+        model="default", messages=msgs, max_tokens=3, temperature=0, extra_headers=ns_headers(ns))
+    assert r.choices[0].finish_reason == "length"
+    first = r.model_extra["suffixd"]
+    assert not first["session_found"]
+    again = [*msgs, {"role": "user", "content": "Your previous response reached the output "
+                                                "token limit. Please answer shorter."}]
+    _, extra, usage = _turn(http_daemon.oai, ns, again)
+    assert extra["session_found"] and extra["session"] == first["session"]
+    # all of the first prompt but its last tokens (where the new user turn starts)
+    assert usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens - 4, (
+        usage, r.usage)
+    assert [s.session_id for s in http_daemon.list_sessions(ns)] == [first["session"]]
 
 
 def test_store_failures_map_to_openai_shaped_errors() -> None:

@@ -152,6 +152,35 @@ def test_summary_of_empty_and_known_counters() -> None:
     assert "hit rate 75.0%" in render_table(report)
 
 
+def test_a_draft_model_not_drafting_yet_is_named_with_the_reason() -> None:
+    """Issue 44, item 8: a --draft-model waiting for the cost measurement read as
+    'draft model: none (--draft-model)', as if none had been given."""
+    from types import SimpleNamespace
+
+    from suffixd.cli.stats import _generator_lines
+    from suffixd.daemon.grpc_api.generate_service import draft_model_status
+
+    draft = SimpleNamespace(path=Path("/models/tiny-draft.gguf"))
+    rt = SimpleNamespace(draft_model=draft, fallback=None, profile_source="measuring")
+    status = json.loads(draft_model_status(rt))  # type: ignore[arg-type]
+    assert status["path"] == "/models/tiny-draft.gguf"
+    g = {"model": "target.gguf", "loaded": True, "cost_profile": {}, "batch_padding": {},
+         "cost_profile_source": "measuring", "draft_model": status}
+    text = "\n".join(_generator_lines(g))
+    assert "none (--draft-model)" not in text
+    assert "draft model: /models/tiny-draft.gguf, not drafting yet: waiting for the cost " \
+        "measurement" in text, text
+    rt.profile_source = "failed"
+    assert "measurement failed" in json.loads(draft_model_status(rt))["not_drafting"]  # type: ignore[arg-type]
+    # drafting: the policy's figures, with the path; no draft model: nothing
+    rt.fallback = SimpleNamespace(stats=lambda: {"used": 3, "planned_k": 2})
+    assert json.loads(draft_model_status(rt)) == {  # type: ignore[arg-type]
+        "path": "/models/tiny-draft.gguf", "used": 3, "planned_k": 2}
+    assert draft_model_status(SimpleNamespace(draft_model=None)) == ""  # type: ignore[arg-type]
+    g["draft_model"] = None
+    assert "draft model: none (--draft-model)" in "\n".join(_generator_lines(g))
+
+
 def test_stats_watch_refreshes_until_interrupted(shared_daemon: Any) -> None:
     import signal
     import subprocess

@@ -4,7 +4,8 @@ A thin front over daemon/generation/pipeline.py (the same path the OpenAI-compat
 endpoint uses): it converts a GenerateRequest into a GenerationRequest, maps the
 verifier's chunks onto GenerateChunk messages and errors onto gRPC status codes.
 GeneratorStatus reports the model's load phase (daemon/server/startup.py loads it in the
-background once serving, unless ``--model-load first-use``).
+background once serving, unless ``--model-load first-use``), and the draft model's state
+(``draft_model_status``: its policy's decisions, or why it does not draft yet).
 """
 
 from __future__ import annotations
@@ -58,6 +59,28 @@ def _request(req: gpb.GenerateRequest) -> GenerationRequest:
     return out
 
 
+# Why a loaded draft model does not draft, by the cost profile's source: its policy
+# starts once its and the verifier's costs are measured (Runtime._use).
+_NOT_DRAFTING = {
+    "measuring": "waiting for the cost measurement (it drafts once its and the verifier's "
+                 "costs are measured)",
+    "failed": "the cost measurement failed: it does not draft until the daemon restarts",
+}
+
+
+def draft_model_status(rt: Runtime) -> str:
+    """GeneratorStatus's ``draft_model``: JSON with the draft model's ``path`` and its
+    policy's decisions, or ``not_drafting`` (why) while it has no policy yet; "" without
+    a draft model."""
+    if rt.draft_model is None:
+        return ""
+    path = {"path": str(rt.draft_model.path)}
+    if rt.fallback is not None:
+        return json.dumps({**path, **rt.fallback.stats()})
+    why = _NOT_DRAFTING.get(rt.profile_source, "its costs are not measured yet")
+    return json.dumps({**path, "not_drafting": why})
+
+
 class GeneratorServicer(gpb_grpc.GeneratorServicer):
     def __init__(self, engine: Any, generation: Generation) -> None:
         self.engine = engine
@@ -79,8 +102,7 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
                 out.cost_profile[int(k)] = cost
             for n, padded in rt.verifier.batch_padding.items():
                 out.batch_padding[n] = padded
-            if rt.fallback is not None:
-                out.draft_model = json.dumps(rt.fallback.stats())
+            out.draft_model = draft_model_status(rt)
             out.batching = json.dumps(rt.verifier.batch_stats())
             out.prompt_cache = json.dumps(rt.verifier.prompt_cache.as_dict())
         return out

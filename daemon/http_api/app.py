@@ -25,9 +25,12 @@ lossless greedy output, exact sampling and the counters are the same.
   ``response_format``: daemon/http_api/structured.py. Errors never leave as a 500
   unless the daemon itself failed.
 * Auth: a loopback address is open unless a token is configured; any other address
-  needs the bearer token (``Authorization: Bearer ...``, the same token as gRPC) or
-  ``--insecure``. Bodies larger than the gRPC message limit get 413; a body that is
-  not JSON, or nests it deeper than ``MAX_JSON_DEPTH`` (64) levels, gets 400.
+  needs the bearer token (``Authorization: Bearer ...``, the scheme in any case, the
+  same token as gRPC) or ``--insecure``. Against web pages (daemon/http_api/guard.py): a
+  Host that is no name of the server gets 403 (``--allowed-hosts`` adds names), a POST
+  whose Content-Type is not JSON gets 415. Bodies larger than the gRPC message limit get
+  413; a body that is not JSON, or nests it deeper than ``MAX_JSON_DEPTH`` (64) levels,
+  gets 400.
 * A client that disconnects cancels its generation between two steps, streamed or not
   (an answer that is not streamed listens for the disconnect while it generates); the
   verifier's slot is released at once.
@@ -41,8 +44,9 @@ OpenAI error objects; daemon/http_api/streams.py runs a generation on a worker t
 shapes its chunks as a JSON body or server-sent events. This module holds the app
 (routes, auth, body limit, the generation handler) and the server.
 
-Interface: ``start_http(engine, "HOST:PORT", token=, insecure=, max_body_bytes=)`` ->
-``HttpServer`` (``address``, ``stop()``); ``OpenAIFront`` (the Starlette app);
+Interface: ``start_http(engine, "HOST:PORT", token=, insecure=, max_body_bytes=,
+allowed_hosts=)`` -> ``HttpServer`` (``address``, ``stop()``); ``OpenAIFront`` (the
+Starlette app);
 ``parse_http_addr`` and ``_is_loopback`` (also used by the start-up checks).
 """
 
@@ -51,7 +55,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hmac
 import ipaddress
 import json
 import logging
@@ -60,20 +63,24 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..common.errors import EngineError, NotFound
 from ..generation.grammar import Grammar, GrammarError
 from ..generation.pipeline import Generation, GenerationRequest
 from ..generation.step_batch import Stopping
 from .dashboard import Dashboard
+from .guard import HostRule, bearer_matches, is_json_type
 from .requests import (
     ApiError,
     api_error,
@@ -81,6 +88,7 @@ from .requests import (
     chat_messages,
     completion_prompt,
     return_token_ids,
+    stream_flag,
 )
 from .session_finder import AUTO_SESSION_IDLE_S, AUTO_SESSIONS_PER_NAMESPACE, SessionFinder
 from .streams import HUNG_UP, EventStream, Run, completion_body, stopping_error
@@ -141,7 +149,7 @@ class OpenAIFront:
 
     def __init__(self, engine: Any, generation: Generation, *, token: str | None,
                  require_token: bool, max_body_bytes: int,
-                 finder: SessionFinder | None = None) -> None:
+                 finder: SessionFinder | None = None, hosts: HostRule | None = None) -> None:
         self.engine = engine
         self.generation = generation
         self.replies = RawReplies()
@@ -153,8 +161,10 @@ class OpenAIFront:
             # a durable write: off the event loop
             on_drop=lambda ns, sid: threading.Thread(
                 target=self._end_auto_session, args=(ns, sid), daemon=True).start())
-        self._expected = f"Bearer {token}".encode() if token else None
+        self._token = token.encode() if token else None
         self.require_token = require_token
+        # None: any Host (a front not bound by start_http, e.g. a test's); set before serving
+        self.hosts = hosts
         self.max_body_bytes = max_body_bytes
         path = getattr(engine, "model_path", None)
         self.model_id = Path(path).stem if path else "none"
@@ -167,7 +177,8 @@ class OpenAIFront:
             Route("/health", self.health, methods=["GET"]),
             # the page over the counters (daemon/http_api/dashboard.py), same token
             *Dashboard(engine, token=token).routes(),
-        ], exception_handlers={404: self._not_found, 405: self._not_allowed})
+        ], exception_handlers={404: self._not_found, 405: self._not_allowed},
+            middleware=[Middleware(_HostGuard, front=self)])
 
     # ------------------------------------------------------------------ plumbing
     async def _not_found(self, request: Request, exc: Exception) -> Response:
@@ -177,17 +188,23 @@ class OpenAIFront:
         return _error_response(ApiError(405, f"method {request.method} not allowed"))
 
     def _authorize(self, request: Request) -> None:
-        if self._expected is None:
+        if self._token is None:
             return  # open: loopback, or --insecure
-        got = request.headers.get("authorization", "").encode()
+        got = request.headers.get("authorization", "")
         if not got:
             raise ApiError(401, "missing bearer token (header 'Authorization: Bearer ...')",
                            kind="authentication_error", code="invalid_api_key")
-        if not hmac.compare_digest(got, self._expected):
+        if not bearer_matches(got, self._token):
             raise ApiError(401, "wrong bearer token", kind="authentication_error",
                            code="invalid_api_key")
 
     async def _body(self, request: Request) -> dict[str, Any]:
+        kind = request.headers.get("content-type")
+        if not is_json_type(kind):
+            # a browser sends text/plain (or no type) cross-origin without asking first
+            raise ApiError(415, f"the request body must be JSON, sent with 'Content-Type: "
+                           f"application/json' (got {kind or 'no Content-Type'!r})",
+                           code="unsupported_media_type")
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise ApiError(413, f"request body above the limit of {self.max_body_bytes} bytes",
@@ -287,7 +304,7 @@ class OpenAIFront:
             messages = chat_messages(body)
         else:
             completion_prompt(body, req)
-        stream = bool(body.get("stream", False))
+        stream = stream_flag(body)
         token_ids = return_token_ids(body)
         opts = body.get("stream_options") or {}
         include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
@@ -410,6 +427,30 @@ class OpenAIFront:
         return toks
 
 
+class _HostGuard:
+    """Refuses a request whose Host is no name of the server (DNS rebinding: see
+    daemon/http_api/guard.py) before any route: an OpenAI error on /v1, text elsewhere."""
+
+    def __init__(self, app: ASGIApp, front: OpenAIFront) -> None:
+        self.app = app
+        self.front = front
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rule = self.front.hosts
+        if scope["type"] == "http" and rule is not None:
+            host = Headers(scope=scope).get("host")
+            if not rule.allows(host):
+                why = rule.describe(host or "")
+                response: Response
+                if str(scope.get("path", "")).startswith("/v1/"):
+                    response = _error_response(ApiError(403, why, code="host_not_allowed"))
+                else:
+                    response = PlainTextResponse(why + "\n", status_code=403)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 async def _cancel_on_disconnect(request: Request, run: Run) -> None:
     """Cancel ``run`` (at its next step) once the client hangs up. The body was read, so
     the next ASGI message is ``http.disconnect``; the task is cancelled when the answer
@@ -441,6 +482,7 @@ class HttpServer:
             raise OSError(f"cannot listen on {host}:{port} for HTTP: "
                           f"{exc.strerror or exc}") from None
         bound = self._sock.getsockname()
+        self.host, self.bound_ip = host, str(bound[0])
         self.address = f"[{bound[0]}]:{bound[1]}" if family == socket.AF_INET6 \
             else f"{bound[0]}:{bound[1]}"
         config = uvicorn.Config(front.app, log_level="warning", access_log=False,
@@ -475,9 +517,10 @@ class HttpServer:
 
 
 def start_http(engine: Any, spec: str, *, token: str | None, insecure: bool,
-               max_body_bytes: int) -> HttpServer:
-    """Start the HTTP front on ``spec`` (HOST:PORT). Raises ValueError for a bad address
-    or a missing token, OSError when the address cannot be bound."""
+               max_body_bytes: int, allowed_hosts: Sequence[str] = ()) -> HttpServer:
+    """Start the HTTP front on ``spec`` (HOST:PORT), answering the Host names of its
+    address and ``allowed_hosts`` (``*``: any). Raises ValueError for a bad address or a
+    missing token, OSError when the address cannot be bound."""
     host, port = parse_http_addr(spec)
     if not _is_loopback(host) and not token and not insecure:
         raise ValueError(
@@ -490,5 +533,10 @@ def start_http(engine: Any, spec: str, *, token: str | None, insecure: bool,
     front = OpenAIFront(engine, generation, token=token, require_token=bool(token),
                         max_body_bytes=max_body_bytes)
     server = HttpServer(front, host, port)
+    front.hosts = HostRule(host, server.bound_ip, allowed_hosts)
+    if not _is_loopback(host) and not token:
+        log.warning("the HTTP front at http://%s/v1 has no token: anyone who can reach the "
+                    "port can generate, read the dashboard and fill the trees",
+                    server.address)
     server.start()
     return server

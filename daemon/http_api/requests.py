@@ -6,8 +6,8 @@ their gRPC code, a context overflow as ``context_length_exceeded``, a bad chat t
 or value as 400, anything else as a logged 500); ``apply_sampling(body, req)`` (the
 fields chat and text completions share: sampling, stop, max tokens; refuses the fields
 that would change the output and that suffixd does not implement);
-``chat_messages(body)``, ``render_message(m)``, ``completion_prompt(body, req)`` and
-``return_token_ids(body)``.
+``chat_messages(body)``, ``render_message(m)``, ``completion_prompt(body, req)``,
+``stream_flag(body)`` and ``return_token_ids(body)``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from suffixcache.store import DiskFullError, StoreClosedError
 
 from ..common.errors import EngineError
-from ..generation.chat import ChatTemplateError
+from ..generation.chat import VALID_ROLES, ChatTemplateError
 from ..generation.pipeline import MAX_TOKENS_LIMIT, GenerationRequest
 from ..generation.verifier import ContextOverflowError
 from .session_finder import message_text
@@ -76,6 +76,16 @@ def _int(body: dict[str, Any], name: str) -> int | None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
         raise ApiError(400, f"'{name}' must be an integer", param=name)
+    return v
+
+
+def stream_flag(body: dict[str, Any]) -> bool:
+    """``stream``: a boolean, as OpenAI checks it (``"yes"`` or 1 is no answer to stream)."""
+    v = body.get("stream")
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise ApiError(400, "'stream' must be a boolean", param="stream")
     return v
 
 
@@ -146,6 +156,9 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(400, f"messages[{i}] must be an object with a 'role'",
                            param=f"messages[{i}]")
+        if m["role"] not in VALID_ROLES:
+            raise ApiError(400, f"messages[{i}].role {m['role']!r} is not one of "
+                           f"{', '.join(sorted(VALID_ROLES))}", param=f"messages[{i}].role")
         content = m.get("content")
         if content is not None and not isinstance(content, str | list):
             raise ApiError(400, f"messages[{i}].content must be a string or a list of parts",

@@ -21,14 +21,17 @@ new request continues session S when, at its last assistant message:
    error message, and once a reply passes they keep it alone, dropping the malformed
    replies and the error messages from their history);
 
-and S is not busy with another request. Otherwise it opens a new session. Hence:
+and S is not busy with another request. A request without an assistant message continues
+S by rule 3 alone: when it goes on from S's prompt head, which held a user message, by
+user messages only (the agent dropped S's first reply, e.g. one cut at the token limit,
+and asks again). Otherwise it opens a new session. Hence:
 
 * parallel conversations in any interleaving each follow their own session, because
   every digest covers the whole history;
-* a first turn (no assistant message) always opens a new session, so two conversations
-  that merely share a system prompt (or even a first user message) never meet: after
-  one turn each, their prompt heads are equal, the rule 2 match is ambiguous, and only
-  their replies (rule 1) tell them apart;
+* a first turn (no assistant message, and no session's prompt it goes on from) opens a
+  new session, so two conversations that merely share a system prompt (or even a first
+  user message) never meet: after one turn each, their prompt heads are equal, the rule
+  2 and 3 matches are ambiguous, and only their replies (rule 1) tell them apart;
 * two conversations identical up to a reply that the agents rewrite alike are
   indistinguishable by content; the first to send its next turn continues the session
   and the other gets a new one. No conversation ever sees tokens it did not send: a
@@ -113,6 +116,19 @@ def digests(namespace: str, messages: Sequence[Mapping[str, Any]]) -> list[bytes
     return out
 
 
+def _first_turn_floor(messages: Sequence[Mapping[str, Any]]) -> int:
+    """For a request without an assistant message: the shortest prompt head it may go on
+    from by rule 3. The head holds a user message (a system prompt alone names no
+    conversation) and only user messages follow it (what an agent adds after a reply it
+    dropped)."""
+    first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"),
+                      len(messages))
+    tail = len(messages)
+    while tail > 0 and messages[tail - 1].get("role") == "user":
+        tail -= 1
+    return max(first_user, tail - 1)
+
+
 def _chain(head: bytes, message: Mapping[str, Any]) -> bytes:
     """The digest of the conversation ``head`` followed by ``message``."""
     return hashlib.blake2b(head + canonical_message(message), digest_size=16).digest()
@@ -166,15 +182,14 @@ class SessionFinder:
             self._expire(now)
             last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"),
                        default=-1)
-            if last >= 0:
-                key = self._match(namespace, ds, last)
-                if key is not None:
-                    entry = self._by_session[key]
-                    entry.busy = True
-                    entry.last = now
-                    self._by_session.move_to_end(key)
-                    self.found += 1
-                    return key[1], True
+            key = self._match(namespace, ds, last, _first_turn_floor(messages))
+            if key is not None:
+                entry = self._by_session[key]
+                entry.busy = True
+                entry.last = now
+                self._by_session.move_to_end(key)
+                self.found += 1
+                return key[1], True
             sid = self.prefix + secrets.token_hex(8)
             self._by_session[(namespace, sid)] = _Entry(sid, busy=True, last=now)
             self._per_ns[namespace] = self._per_ns.get(namespace, 0) + 1
@@ -195,9 +210,15 @@ class SessionFinder:
             for ns, sid in dropped:
                 self.on_drop(ns, sid)
 
-    def _match(self, ns: str, ds: list[bytes], at: int) -> tuple[str, str] | None:
+    def _match(self, ns: str, ds: list[bytes], at: int, floor: int) -> tuple[str, str] | None:
         """The session the conversation ``ds`` continues, by the rules of the module
-        docstring in their order; ``at``: its last assistant message."""
+        docstring in their order; ``at``: its last assistant message (-1: none), ``floor``:
+        without one, the shortest prompt head rule 3 may continue."""
+        if at < 0:
+            for j in range(len(ds) - 2, floor - 1, -1):
+                if (key := self._only(ns, ds[j], self._by_prompt)) is not None:
+                    return key
+            return None
         key = self._by_reply.get((ns, ds[at]))
         if key is not None:
             entry = self._by_session.get(key)

@@ -1,6 +1,7 @@
 """Bearer-token authentication for TCP listeners (a grpc.aio server interceptor).
 
-Clients send ``authorization: Bearer <token>`` metadata. The Unix socket is
+Clients send ``authorization: Bearer <token>`` metadata (the scheme in any case, as
+RFC 7235 has it and the HTTP front takes it). The Unix socket is
 protected by its file mode instead (0600), so the interceptor is only installed
 when a TCP listener without ``--insecure`` is configured; on such a server it
 also guards the Unix socket, which costs one dictionary lookup per RPC.
@@ -8,12 +9,13 @@ also guards the Unix socket, which costs one dictionary lookup per RPC.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
 import grpc
 import grpc.aio
+
+from ..http_api.guard import bearer_matches
 
 # Either kind of method handler (the interceptor passes any through or denies it)
 _Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
@@ -42,7 +44,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, token: str) -> None:
         if not token:
             raise ValueError("an empty auth token would accept everyone")
-        self._expected = f"Bearer {token}".encode()
+        self._token = token.encode()
 
     async def intercept_service(
         self,
@@ -60,6 +62,6 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
                 break
         if got is None:
             return _deny(handler, "missing bearer token (metadata 'authorization: Bearer ...')")
-        if not hmac.compare_digest(got, self._expected):
+        if not bearer_matches(got, self._token):
             return _deny(handler, "wrong bearer token")
         return handler

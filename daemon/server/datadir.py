@@ -117,4 +117,11 @@ def write_private(path: Path, text: str) -> None:
         os.write(fd, text.encode())
     finally:
         os.close(fd)
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        # named after the file asked for: the error would name the temporary one, which
+        # the user never sees (daemon.json a directory read as 'daemon.json.tmp')
+        raise OSError(exc.errno, exc.strerror, str(path)) from None

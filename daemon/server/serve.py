@@ -196,6 +196,21 @@ def _setup(server: LoopServer, engine: Any, cfg: ServeConfig,
     return bound
 
 
+def _warn_open_listeners(cfg: ServeConfig, bound: list[Listener]) -> None:
+    """A gRPC listener off loopback without a token (--insecure), by its address: the
+    generic --insecure line does not say which ports are open to others (the HTTP front
+    says so of itself, daemon/http_api/app.py)."""
+    tcp = [lst for lst in bound if lst.kind == "tcp"]
+    if cfg.auth_token or not tcp:
+        return
+    from ..http_api.app import _is_loopback
+
+    for lst in tcp:
+        if not _is_loopback(lst.address.rpartition(":")[0].strip("[]")):
+            log.warning("the gRPC listener at %s has no token: anyone who can reach the "
+                        "port can use the daemon", lst.address)
+
+
 def claim_socket(path: Path) -> DataDirLock:
     """Take the Unix socket path ``path`` for this daemon: one daemon per socket path,
     whatever its data dir (a lock beside the socket, held while serving); a socket that
@@ -336,6 +351,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
             engine.draft_model_path = Path(draft_model)  # type: ignore[attr-defined]
         server, bound = build_server(engine, cfg, claimed)
         claimed = {}  # the server holds them now
+        _warn_open_listeners(cfg, bound)
         generator = getattr(engine, "generator", None)
         if generator is not None:  # what the stop's last warning lists
             clock.running = generator.still_running
@@ -348,7 +364,8 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
             try:
                 http = start_http(engine, str(cfg.extra["http"]), token=cfg.auth_token,
                                   insecure=cfg.insecure,
-                                  max_body_bytes=cfg.limits.max_message_bytes)
+                                  max_body_bytes=cfg.limits.max_message_bytes,
+                                  allowed_hosts=cfg.extra.get("allowed_hosts") or ())
             except (ValueError, OSError) as exc:
                 raise ServeError(str(exc)) from None
         freeze_startup_objects()
