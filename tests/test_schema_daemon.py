@@ -161,3 +161,48 @@ def test_any_schema_is_a_valid_answer_or_a_4xx(daemon: Any, schema: Any, as_tool
         elif not as_tool and choice["finish_reason"] == "stop":
             jsonschema.validate(json.loads(choice["message"]["content"]), schema)
     _alive(daemon)
+
+
+# keywords llama.cpp's converter dropped (each answer could break the schema), and what
+# no grammar writes (a 400 naming response_format and the keyword)
+KEYWORD_CASES: list[tuple[Any, str | None]] = [
+    ({"type": "object", "properties": {"a": {"type": "integer"}},
+      "allOf": [{"properties": {"a": {"minimum": 5}, "b": {"type": "string", "maxLength": 4}},
+                 "required": ["a", "b"]}]}, None),
+    ({"type": "array", "prefixItems": [{"type": "string", "maxLength": 4}],
+      "items": {"type": "integer"}, "minItems": 2, "maxItems": 3}, None),
+    ({"type": "array", "contains": {"const": 3}, "minContains": 2, "maxItems": 4}, None),
+    ({"type": "string", "enum": [1, "yes", None]}, None),
+    ({"oneOf": [{"type": "object", "properties": {"k": {"const": "x"}, "n": {"type": "integer"}},
+                 "required": ["k", "n"]},
+                {"type": "object", "properties": {"k": {"const": "y"}}, "required": ["k"]}]},
+     None),
+    ({"type": "integer", "multipleOf": 5, "minimum": 0}, None),
+    ({"type": "string", "not": {"const": "a"}}, "not"),
+    ({"$dynamicRef": "#meta", "$defs": {"m": {"$dynamicAnchor": "meta"}}}, "$dynamicRef"),
+    ({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, "oneOf"),
+]
+
+
+def test_keywords_are_honoured_or_refused_by_name(daemon: Any) -> None:
+    outcomes: list[str] = []
+    for schema, refused in KEYWORD_CASES:
+        r, took = _post(daemon, {**_as_format(schema), "max_tokens": 48})
+        if refused is not None:
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["param"] == "response_format" and refused in err["message"], err
+            assert took < REFUSAL_BOUND_S
+            outcomes.append(f"400 {refused}")
+            continue
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        if choice["finish_reason"] == "length":
+            outcomes.append("200 cut by max_tokens")  # unfinished: nothing to validate
+            continue
+        assert choice["finish_reason"] == "stop", choice
+        jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+        outcomes.append("200 valid")
+    print("\n" + "\n".join(f"{json.dumps(s)[:70]}: {o}"
+                           for (s, _), o in zip(KEYWORD_CASES, outcomes, strict=True)))
+    _alive(daemon)
