@@ -192,13 +192,15 @@ def _run(
 
     from ..daemon.generation.certify import NEAR_TIE_GAP, certify_greedy
     from ..daemon.generation.chat import ChatRenderer
+    from ..daemon.generation.pipeline import cost_rounds
     from ..daemon.generation.verifier import GenerateParams, Verifier
 
     # n_ctx 0: the model's trained context (the verifier caps what it is given there)
     verifier = Verifier(model_path, n_ctx=n_ctx or 1 << 30, n_threads=threads, n_slots=4)
     n_ctx = verifier.n_ctx
     renderer = ChatRenderer(verifier)
-    profile = verifier.measure_cost_profile()
+    rounds, max_rounds = cost_rounds()
+    profile = verifier.measure_cost_profile(reps=rounds, max_rounds=max_rounds)
     cache = SuffixCache()
     drafter = Drafter(
         cache, cost_profile=CostProfile.from_json({str(k): v for k, v in profile.items()})

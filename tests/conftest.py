@@ -46,6 +46,10 @@ def dies_with_parent(cmd: Sequence[str]) -> list[str]:
 
 
 IN_CI = os.environ.get("CI") == "true"
+# One round of every cost measurement, in this process too (the benchmarks' CLI runs
+# in-process: five rounds took a minute of each bench test): a tenth of the CPU, a noisier
+# profile. Tests of the measurement itself say how many rounds they want.
+os.environ.setdefault("SUFFIXD_COST_ROUNDS", "1")
 
 
 def missing_tool(message: str) -> None:

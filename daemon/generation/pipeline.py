@@ -68,6 +68,16 @@ PROFILE_DRIFT = 0.15
 COST_ROUNDS = 5
 
 
+
+def cost_rounds() -> tuple[int, int]:
+    """Rounds of a cost measurement and the cap on rounds added while its timings are
+    implausible: ``COST_ROUNDS`` and ``MAX_PROFILE_ROUNDS``, or ``SUFFIXD_COST_ROUNDS``
+    for both (the tests take 1: a tenth of the CPU, a noisier profile)."""
+    rounds = os.environ.get("SUFFIXD_COST_ROUNDS")
+    if rounds:
+        return int(rounds), int(rounds)
+    return COST_ROUNDS, MAX_PROFILE_ROUNDS
+
 class Runtime:
     """The loaded models and their measured costs (created once).
 
@@ -123,9 +133,7 @@ class Runtime:
             phase("loading draft model")
             self.draft_model = DraftModel(draft_path, self.verifier)
         self.measure_thread: threading.Thread | None = None  # started by Generation
-        rounds = os.environ.get("SUFFIXD_COST_ROUNDS")
-        self.rounds = int(rounds or COST_ROUNDS)
-        self.max_rounds = self.rounds if rounds else MAX_PROFILE_ROUNDS
+        self.rounds, self.max_rounds = cost_rounds()
         self.store = self._store(engine, Path(path), n_gpu_layers, draft_path)
         self.load_s = time.monotonic() - t0
         stored, why = self.store.load() if self.store is not None else (None, "no data dir")
