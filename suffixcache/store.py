@@ -20,12 +20,16 @@ Interface: ``Store(path, map_size=, sync=, max_batch=, lazy_interval_s=)``; ``wr
 ``iter_counters``, ``get_doc``, ``iter_docs``, ``fleet_get``, ``fleet_items``, ``stat``);
 ``check_tokenizer``; ``close``. Errors: ``StoreError``, ``TokenizerMismatchError``,
 ``StoreClosedError``, ``DiskFullError`` (a write failed for want of space: nothing of it
-was stored, and writes succeed again once space is freed; reads are unaffected).
+was stored, and writes succeed again once space is freed; reads are unaffected),
+``StoreFileError`` (a file of the store is a link, not a regular file, empty, truncated or
+damaged: suffixcache/store_files.py checks them before and after LMDB opens them; raised
+by the constructor, or by a read that meets damaged pages).
 ``Txn``, ``pack_tokens`` and ``unpack_tokens`` live in the modules above.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -35,7 +39,8 @@ from typing import Any
 
 import lmdb
 
-from .store_errors import DiskFullError, StoreError
+from .store_errors import DiskFullError, StoreError, StoreFileError
+from .store_files import DAMAGE, check_after_open, check_before_open, damaged
 from .store_layout import (
     SCHEMA_VERSION,
     U64,
@@ -50,8 +55,8 @@ from .store_layout import (
 from .store_records import Txn
 from .store_writer import GroupCommitWriter
 
-__all__ = ["DiskFullError", "Store", "StoreClosedError", "StoreError", "TokenizerMismatchError",
-           "Txn"]
+__all__ = ["DiskFullError", "Store", "StoreClosedError", "StoreError", "StoreFileError",
+           "TokenizerMismatchError", "Txn"]
 
 
 class TokenizerMismatchError(StoreError):
@@ -80,34 +85,47 @@ class Store:
     ) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.env = lmdb.open(
-            str(self.path),
-            # The token data is the users' text: owner-only files (LMDB's default is 0644).
-            mode=0o600,
-            # Opening the named databases needs a few pages; below 1 MiB that can fail.
-            map_size=max(map_size, 1 << 20),
-            max_dbs=16,
-            sync=sync,
-            metasync=sync,
-            # One process per store (the daemon's lock file enforces it); readers in
-            # this process are serialised by self._lock, so no reader table growth.
-            max_readers=64,
-        )
-        self._dbs = Databases.open(self.env)
+        check_before_open(self.path)
+        try:
+            self.env = lmdb.open(
+                str(self.path),
+                # The token data is the users' text: owner-only files (LMDB's default is
+                # 0644).
+                mode=0o600,
+                # Opening the named databases needs a few pages; below 1 MiB that can fail.
+                map_size=max(map_size, 1 << 20),
+                max_dbs=16,
+                sync=sync,
+                metasync=sync,
+                # One process per store (the daemon's lock file enforces it); readers in
+                # this process are serialised by self._lock, so no reader table growth.
+                max_readers=64,
+            )
+        except DAMAGE as exc:
+            raise damaged(self.path, exc) from None
         # Serialises every transaction of this process with map resizing, which LMDB
         # only allows while no transaction is open. Reads are rare (start-up, describe);
         # the in-memory trees serve the hot path.
         self._lock = threading.Lock()
         self._closed = False
-        with self._lock, self.env.begin(write=True) as txn:
-            raw = txn.get(b"schema", db=self._dbs.meta)
-            if raw is None:
-                txn.put(b"schema", dump(SCHEMA_VERSION), db=self._dbs.meta)
-            elif load(raw) != SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path}: store schema {load(raw)} is not supported "
-                    f"(this version reads schema {SCHEMA_VERSION})"
-                )
+        try:
+            # Before anything reads a page: past a truncated file's end that is SIGBUS.
+            check_after_open(self.path, self.env)
+            self._dbs = Databases.open(self.env)
+            with self._lock, self.env.begin(write=True) as txn:
+                raw = txn.get(b"schema", db=self._dbs.meta)
+                if raw is None:
+                    txn.put(b"schema", dump(SCHEMA_VERSION), db=self._dbs.meta)
+                elif load(raw) != SCHEMA_VERSION:
+                    raise StoreError(
+                        f"{self.path}: store schema {load(raw)} is not supported "
+                        f"(this version reads schema {SCHEMA_VERSION})"
+                    )
+        except BaseException as exc:
+            self.env.close()
+            if isinstance(exc, DAMAGE):
+                raise damaged(self.path, exc) from None
+            raise
         self._writer = GroupCommitWriter(
             self.env, self._dbs, self._lock, max_batch=max_batch, lazy_interval_s=lazy_interval_s
         )
@@ -188,13 +206,24 @@ class Store:
         self.submit(_nothing)
 
     # -- reads -----------------------------------------------------------
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[lmdb.Transaction[bytes]]:
+        """A read transaction under the store's lock; damaged pages met on the way are a
+        ``StoreFileError`` (LMDB's own errors would not say which file, or what to do)."""
+        with self._lock:
+            try:
+                with self.env.begin() as txn:
+                    yield txn
+            except DAMAGE as exc:
+                raise damaged(self.path, exc) from None
+
     def get_meta(self, key: str, default: Any = None) -> Any:
-        with self._lock, self.env.begin() as txn:
+        with self._reading() as txn:
             raw = txn.get(key.encode(), db=self._dbs.meta)
         return load(raw) if raw is not None else default
 
     def get_sequence(self, seq_id: int) -> dict[str, Any] | None:
-        with self._lock, self.env.begin() as txn:
+        with self._reading() as txn:
             raw = txn.get(seq_key(seq_id), db=self._dbs.seq)
         return decode_seq(seq_id, raw) if raw is not None else None
 
@@ -203,7 +232,7 @@ class Store:
         start = b""
         while True:
             rows: list[tuple[bytes, bytes]] = []
-            with self._lock, self.env.begin() as txn:
+            with self._reading() as txn:
                 cur = txn.cursor(db=self._dbs.seq)
                 ok = cur.set_range(start) if start else cur.first()
                 while ok and len(rows) < batch:
@@ -216,18 +245,18 @@ class Store:
             start = (int.from_bytes(rows[-1][0], "big") + 1).to_bytes(U64, "big")
 
     def iter_sessions(self) -> list[dict[str, Any]]:
-        with self._lock, self.env.begin() as txn:
+        with self._reading() as txn:
             return [load(v) for _, v in txn.cursor(db=self._dbs.sess)]
 
     def get_session(self, ns: str, sid: str) -> dict[str, Any] | None:
-        with self._lock, self.env.begin() as txn:
+        with self._reading() as txn:
             raw = txn.get(name_key(ns, sid), db=self._dbs.sess)
         return load(raw) if raw is not None else None
 
     def session_chunks(self, ns: str, sid: str) -> list[tuple[str, list[int]]]:
         prefix = name_key(ns, sid) + b"\x00"
         out: list[tuple[str, list[int]]] = []
-        with self._lock, self.env.begin() as txn:
+        with self._reading() as txn:
             cur = txn.cursor(db=self._dbs.chunk)
             ok = cur.set_range(prefix)
             while ok and cur.key().startswith(prefix):
@@ -241,7 +270,7 @@ class Store:
 
     def iter_counters(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(namespace, session id or "", counters) for every stored counter record."""
-        with self._lock, self.env.begin() as txn:
+        with self._reading() as txn:
             rows = list(txn.cursor(db=self._dbs.ctr))
         out = []
         for k, v in rows:
@@ -250,13 +279,13 @@ class Store:
         return out
 
     def get_doc(self, ns: str, doc_key: str) -> dict[str, Any] | None:
-        with self._lock, self.env.begin() as txn:
+        with self._reading() as txn:
             raw = txn.get(name_key(ns, doc_key), db=self._dbs.doc)
         return load(raw) if raw is not None else None
 
     def iter_docs(self, ns: str | None = None) -> list[tuple[str, str, dict[str, Any]]]:
         prefix = (ns.encode("utf-8") + b"\x00") if ns is not None else b""
-        with self._lock, self.env.begin() as txn:
+        with self._reading() as txn:
             cur = txn.cursor(db=self._dbs.doc)
             ok = cur.set_range(prefix) if prefix else cur.first()
             rows = []
@@ -270,7 +299,7 @@ class Store:
         return out
 
     def fleet_get(self, key: bytes) -> Any:
-        with self._lock, self.env.begin() as txn:
+        with self._reading() as txn:
             raw = txn.get(key, db=self._dbs.fleet)
         return load(raw) if raw is not None else None
 
@@ -278,7 +307,7 @@ class Store:
         """Up to ``limit`` (key, value) pairs of the fleet database whose key starts with
         ``prefix``, in key order."""
         out: list[tuple[bytes, Any]] = []
-        with self._lock, self.env.begin() as txn:
+        with self._reading() as txn:
             cur = txn.cursor(db=self._dbs.fleet)
             ok = cur.set_range(prefix)
             while ok and len(out) < limit and cur.key().startswith(prefix):

@@ -15,6 +15,16 @@ class StoreError(Exception):
     """Base class of the store's errors."""
 
 
+class StoreFileError(StoreError):
+    """A file of the store cannot be used as it is (a link, not a regular file, empty,
+    truncated, not an LMDB file or damaged): the store was not opened, or a read found the
+    damage. ``path``: the file; the message says what is wrong and the way out."""
+
+    def __init__(self, path: Path, problem: str, way_out: str) -> None:
+        super().__init__(f"the store file {path} {problem}; {way_out}")
+        self.path = path
+
+
 class DiskFullError(StoreError):
     """A write transaction failed for want of disk space; nothing of it was stored, the
     store stays usable and later writes succeed once space is freed."""

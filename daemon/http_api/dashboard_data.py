@@ -29,6 +29,11 @@ nothing.
 ``figures`` derives the rates from one set of counters with the same formulas as
 ``suffixd stats`` (cli/stats.py ``summarize_counters``; tests/test_dashboard.py holds them
 equal), so the page and the command show the same numbers.
+
+``clean_sample`` takes a sample read back from a file (daemon/server/history.py) and
+returns it in the shape above, every number finite and within ``MAX_VALUE``, absent
+parts filled in, or None where anything is of another shape: the page is drawn from
+stored samples on every load, and one bad value there would fail each one.
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ COUNTERS = ("requests", "steps", "proposed", "accepted", "generated", "speculate
 # others are in "all" only (a tenant count in the thousands would make the history, and
 # every page that reads it, grow with it).
 MAX_TRACKED = 32
+# No counter, gauge or time this daemon writes comes near this; sums of a day of them
+# stay far from float's range (the charts draw floats).
+MAX_VALUE = float(1 << 62)
 
 
 def empty_ns() -> dict[str, Any]:
@@ -280,3 +288,88 @@ def nice_width(span: float, interval: float, max_buckets: int = 120) -> float:
 def rates(deltas: Iterable[Mapping[str, Any]]) -> list[dict[str, Any] | None]:
     """``figures`` of each bucket's differences; None where a bucket had no step."""
     return [figures(d) if int(d.get("steps", 0)) else None for d in deltas]
+
+
+# ------------------------------------------------------------------------ stored samples
+class _Bad(ValueError):
+    pass
+
+
+def _number(v: Any) -> float:
+    # bool is an int to Python, never a count here
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise _Bad(f"not a number: {v!r}")
+    if not 0 <= v <= MAX_VALUE:  # NaN fails this too
+        raise _Bad(f"out of range: {v!r}")
+    return float(v)
+
+
+def _count(v: Any) -> int:
+    return int(_number(v))
+
+
+def _mapping(v: Any, default: Any = None) -> dict[str, Any]:
+    if v is None and default is not None:
+        return dict(default)
+    if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+        raise _Bad(f"not an object with names: {v!r}"[:80])
+    return v
+
+
+def _clean_ns(e: Any) -> dict[str, Any]:
+    e = _mapping(e)
+    out = empty_ns()
+    for k in (*COUNTERS, "open_sessions"):
+        out[k] = _count(e.get(k, 0))
+    for s, v in _mapping(e.get("src"), {}).items():
+        if not isinstance(v, list) or len(v) != 3:
+            raise _Bad(f"source {s!r}: not three counts")
+        out["src"][s] = [_count(x) for x in v]
+    for key in ("tree_tokens", "tree_bytes"):
+        for t, v in _mapping(e.get(key), {}).items():
+            out[key][t] = _count(v)
+    return out
+
+
+def _clean_memory(rows: Any) -> list[dict[str, Any]]:
+    if rows is None:
+        return []
+    if not isinstance(rows, list):
+        raise _Bad("memory: not a list")
+    out = []
+    for row in rows:
+        row = _mapping(row)
+        if not isinstance(row.get("kind"), str):
+            raise _Bad("memory: a row without a kind")
+        out.append({k: v if k == "kind" else _count(v) for k, v in row.items()})
+    return out
+
+
+def _clean_fleet(nodes: Any) -> dict[str, dict[str, float]] | None:
+    if nodes is None:
+        return None
+    out = {}
+    for name, n in _mapping(nodes).items():
+        n = _mapping(n)
+        out[name] = {"lag_s": _number(n.get("lag_s", 0.0)),
+                     "lag_entries": _count(n.get("lag_entries", 0)),
+                     "backlog": _count(n.get("backlog", 0))}
+    return out
+
+
+def clean_sample(raw: Any) -> dict[str, Any] | None:
+    """A stored sample in the shape ``take_sample`` gives (see the module docstring), or
+    None when it is not one: a time or any number not finite, negative or past
+    ``MAX_VALUE``, a part of another type."""
+    try:
+        s = _mapping(raw)
+        pc = s.get("prompt_cache")
+        return {"t": _number(s.get("t")),
+                "ns": {name: _clean_ns(e) for name, e in _mapping(s.get("ns"), {}).items()},
+                "all": _clean_ns(_mapping(s.get("all"), {})),
+                "memory": _clean_memory(s.get("memory")),
+                "prompt_cache": None if pc is None
+                else {k: _count(v) for k, v in _mapping(pc).items()},
+                "fleet": _clean_fleet(s.get("fleet"))}
+    except _Bad:
+        return None

@@ -6,12 +6,15 @@ Interface: ``DataDirLock(data_dir, path=None)`` with ``acquire()`` (an exclusive
 raises ``ServeError`` naming the daemon that holds it) and ``release()``;
 ``owner_only(data_dir)`` (0700 / 0600 on the directory and everything in it);
 ``write_private(path, text)`` (a file replaced atomically, 0600 from its creation on:
-what the daemon writes after the owner-only pass, e.g. daemon.json, metrics.addr).
+what the daemon writes after the owner-only pass, e.g. daemon.json, metrics.addr);
+``check_store_dir(path)`` (``<data dir>/store`` a directory, not a link: ``ServeError``).
 
 No symbolic link inside the data dir is followed: the mode pass skips them (chmod would
 change the mode of whatever they point to, outside the directory too), files are opened
-with ``O_NOFOLLOW``, and a lock file that is a link or not a regular file is refused.
-The directory itself may be a link (an operator's choice of where it lives).
+with ``O_NOFOLLOW``, a lock file that is a link or not a regular file is refused, and so
+are a store directory that is a link and LMDB's files when they are links or no regular
+files (suffixcache/store_files.py: LMDB opens them by name). The directory itself may be
+a link (an operator's choice of where it lives).
 """
 
 from __future__ import annotations
@@ -125,3 +128,18 @@ def write_private(path: Path, text: str) -> None:
         # named after the file asked for: the error would name the temporary one, which
         # the user never sees (daemon.json a directory read as 'daemon.json.tmp')
         raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
+def check_store_dir(path: Path) -> None:
+    """``<data dir>/store``, where it exists: a directory of its own. A link would take the
+    store, and LMDB's writes, wherever it points."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise ServeError(f"{path} is a symbolic link: the daemon follows none in its data "
+                         "dir; move the store directory itself there instead of the link")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ServeError(f"{path} is not a directory (the daemon keeps its store there); "
+                         "move it aside")

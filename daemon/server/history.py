@@ -10,8 +10,10 @@ on its first load. A sample is taken at start-up too: it is where counting start
 The history is written to ``<data dir>/history.json`` after each sample (owner-only,
 replaced atomically: ``datadir.write_private``) and read back at start-up (opened without
 following a link, refused unless a regular file under ``MAX_FILE_BYTES``; a file that does
-not parse is set aside as ``history.json.bad`` and the history starts empty), so a restart
-keeps the day's curves. A daemon without ``--http`` records nothing: nobody could read it.
+not parse is set aside as ``history.json.bad`` and the history starts empty; each sample
+is checked on the way in, ``dashboard_data.clean_sample``, and one that is not a sample
+this daemon could have written is dropped, the count in one warning), so a restart keeps
+the day's curves. A daemon without ``--http`` records nothing: nobody could read it.
 
 Prompt tokens per namespace are not among the engine's counters: they are counted here
 from each finished generation's totals (``engine.on_generate``, chained after the
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..generation.cost_store import NotRegular, read_regular
-from ..http_api.dashboard_data import take_sample
+from ..http_api.dashboard_data import clean_sample, take_sample
 from .datadir import write_private
 
 log = logging.getLogger("suffixd.history")
@@ -115,18 +117,26 @@ class History:
             return
         try:
             data = json.loads(read_regular(self.path, MAX_FILE_BYTES))
-            got = [s for s in data["samples"] if isinstance(s, dict) and "t" in s]
+            stored = data["samples"]
+            if not isinstance(stored, list):
+                raise TypeError("samples: not a list")
         except FileNotFoundError:
             return
         except (NotRegular, OSError) as exc:
             log.warning("history not read: %s", exc)
             return
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            # (RecursionError: JSON nested deeper than the parser goes)
             # kept for a person to look at; the next save would overwrite it
             log.warning("history unreadable (%s): set aside as %s.bad", exc, self.path.name)
             with contextlib.suppress(OSError):
                 self.path.replace(self.path.with_name(self.path.name + ".bad"))
             return
+        got = [c for c in map(clean_sample, stored) if c is not None]
+        if len(got) < len(stored):
+            log.warning("history: dropped %d of %d stored samples (not samples this daemon "
+                        "writes: a value not a finite count or time, or a part of another "
+                        "shape)", len(stored) - len(got), len(stored))
         with self._lock:
             self._samples.extend(sorted(got, key=lambda s: float(s["t"])))
 

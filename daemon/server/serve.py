@@ -46,7 +46,7 @@ from grpc_reflection.v1alpha import reflection
 from ..common.config import default_socket_path
 from ..grpc_api.registrar import ServiceRegistrar
 from .auth import BearerTokenInterceptor
-from .datadir import DataDirLock, owner_only, write_private
+from .datadir import DataDirLock, check_store_dir, owner_only, write_private
 from .loop_server import LoopServer
 from .serve_config import Listener, ServeConfig, ServeError, parse_listen
 from .startup import check_draft_vocabulary, preflight, preload_generator
@@ -293,7 +293,7 @@ def start_fleet(engine: Any, cfg: ServeConfig) -> None:
 
 def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None) -> int:
     """Serve until SIGTERM/SIGINT. Raises ServeError for a start-up problem."""
-    from suffixcache.store import TokenizerMismatchError
+    from suffixcache.store import StoreError
 
     from ..engine import Engine
 
@@ -321,6 +321,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
     lock = DataDirLock(cfg.data_dir)
     lock.acquire()
     try:
+        check_store_dir(cfg.data_dir / "store")
         claimed = claim_sockets(cfg)
     except BaseException:
         lock.release()
@@ -337,7 +338,9 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
             engine = Engine(cfg.data_dir, model_path=cfg.model, limits=cfg.limits,
                             cache_config=cfg.cache, sync=cfg.sync,
                             background_rebuild=cfg.background_rebuild)
-        except TokenizerMismatchError as exc:
+        except StoreError as exc:
+            # another tokenizer's data, a store file that is a link, empty, truncated or
+            # damaged: the message names the file and the way out
             raise ServeError(str(exc)) from None
         except FileNotFoundError as exc:
             raise ServeError(str(exc)) from None

@@ -8,6 +8,7 @@ Interface: ``preflight(cfg)``, ``check_data_dir_writable(data_dir)`` and
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -98,17 +99,21 @@ def check_data_dir_writable(data_dir: Path) -> None:
     """Write, fsync and remove a small probe file in the data dir, and check that its file
     system has MIN_FREE_BYTES free: a full or read-only disk is reported in one line
     before anything else starts (the daemon does not serve read-only)."""
-    probe = Path(data_dir) / ".suffixd-write-probe"
+    # Named after the process: two daemons starting on one data dir (the lock comes after)
+    # do not remove each other's probe. A leftover goes first; O_EXCL | O_NOFOLLOW then
+    # creates the file itself, never writing through a link planted under its name.
+    probe = Path(data_dir) / f".suffixd-write-probe.{os.getpid()}"
     try:
+        with contextlib.suppress(FileNotFoundError):
+            probe.unlink()
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600)
         try:
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, bytes(_PROBE_BYTES))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            os.write(fd, bytes(_PROBE_BYTES))
+            os.fsync(fd)
         finally:
-            if probe.exists():
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
                 probe.unlink()
         st = os.statvfs(data_dir)
     except OSError as exc:
