@@ -71,6 +71,8 @@ _DAEMON_FIXTURES = {"daemon", "daemon_factory", "shared_daemon"}
 def _tier(item: pytest.Item) -> str:
     module = getattr(item, "module", None)
     names = set(vars(module)) if module is not None else set()
+    if "TIER" in names:  # what a module's imports do not show (a daemon the CLI starts)
+        return str(module.TIER)
     if module is not None and module.__name__.endswith("test_dashboard_browser"):
         return "browser"
     if any("redis-server" in m.args for m in item.iter_markers("needs_binary")):
@@ -109,18 +111,27 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 class DaemonProcess:
-    """A `suffixd serve` subprocess and how to reach it."""
+    """A `suffixd serve` subprocess and how to reach it.
+
+    A daemon that loads the model measures its costs in the background whenever it is
+    idle (one round here), seconds of CPU beside whatever the test runs: at times the test
+    process's own model, and two llama.cpp thread pools on two cores slow each other down
+    many times over (one test took 190 s instead of 40). So test daemons never measure
+    (``SUFFIXD_COST_ROUNDS=0``: conservative costs, or what the data dir stores), except
+    in a module about the measurement, which sets ``DAEMONS_MEASURE = True``.
+    """
+
+    measure_costs = False  # set per test module by the autouse fixture below
 
     def __init__(self, data_dir: Path, args: Sequence[str] = (), env: dict[str, str] | None = None,
                  log_path: Path | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.args = list(args)
         # Test daemons load the verifier on first generate, not at start-up: most never
-        # generate, and a background load would cost each ~20 s of CPU. Their cost
-        # measurement (while serving) takes one round, not five: a tenth of the CPU on a
-        # machine the tests share.
-        self.env = {"SUFFIXD_MODEL_LOAD": "first-use", "SUFFIXD_COST_ROUNDS": "1",
-                    **os.environ, **(env or {})}
+        # generate, and a background load would cost each ~20 s of CPU. Where they measure
+        # their costs, one round, not five: a tenth of the CPU.
+        self.env = {**os.environ, "SUFFIXD_MODEL_LOAD": "first-use",
+                    "SUFFIXD_COST_ROUNDS": "1" if self.measure_costs else "0", **(env or {})}
         self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.listen: list[str] = []
@@ -216,6 +227,15 @@ def wait_costs_measured(client: Any, timeout: float = 900.0) -> dict[str, Any]:
         if st["cost_profile_source"] not in ("", "measuring") or time.monotonic() > deadline:
             return st
         time.sleep(0.2)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _daemons_measure(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Autouse, module-wide (so before the module's own daemon fixtures): whether this
+    module's daemons measure their costs (DaemonProcess)."""
+    DaemonProcess.measure_costs = getattr(request.module, "DAEMONS_MEASURE", False)
+    yield
+    DaemonProcess.measure_costs = False
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ from pathlib import Path
 from click.testing import CliRunner
 from suffixd.cli.main import main
 
+TIER = "model"  # tests/conftest.py: the benchmarks run the model in-process
+
 WORKLOAD = Path(__file__).resolve().parents[1] / "examples" / "workloads" / "sql_agent.jsonl"
 
 

@@ -22,6 +22,9 @@ from suffixd.daemon.model import embedded_model_path
 
 from tests.conftest import DaemonProcess
 
+# tests/conftest.py: every daemon here measures its costs (the tests are about that)
+DAEMONS_MEASURE = True
+
 ANSWER_S = 60.0  # a 16-token answer takes well under a second here; a deadlock is forever
 
 

@@ -25,6 +25,8 @@ from suffixd.client import (
 from suffixd.v1 import suffixd_pb2 as pb
 from suffixd.v1 import suffixd_pb2_grpc as pb_grpc
 
+TIER = "daemon"  # tests/conftest.py: real daemons, started by its own fixtures
+
 
 def rand_seq(rng: random.Random, n: int = 24) -> list[int]:
     # High ids, unlikely to collide with anything a tokenizer produces for test text.

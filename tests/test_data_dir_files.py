@@ -41,6 +41,9 @@ from suffixd.daemon.server.serve_config import ServeError
 from suffixcache import CostProfile
 from tests.conftest import DaemonProcess, wait_costs_measured
 
+# tests/conftest.py: every daemon here measures its costs (the tests are about that)
+DAEMONS_MEASURE = True
+
 COSTS = StoredCosts(raw={1: 0.020, 2: 0.024, 4: 0.027, 8: 0.036},
                     padded={(3, 4): 0.026, (5, 8): 0.035}, draft_seconds_per_token=0.004)
 

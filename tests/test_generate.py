@@ -16,6 +16,9 @@ from suffixd.daemon.generation.chat import ChatRenderer
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
 
+# tests/conftest.py: the daemons here measure their costs (their status and stats show them)
+DAEMONS_MEASURE = True
+
 # Text-to-SQL agent sessions written for the project (examples/make_examples.py).
 WORKLOAD = Path(__file__).resolve().parents[1] / "examples" / "workloads" / "sql_agent.jsonl"
 

@@ -22,6 +22,9 @@ import pytest
 
 from tests.conftest import DaemonProcess, wait_costs_measured
 
+# tests/conftest.py: every daemon here measures its costs (the tests are about that)
+DAEMONS_MEASURE = True
+
 # SIGTERMs sent by the stop test (a longer run: SUFFIXD_SIGTERM_RUNS=50)
 SIGTERM_RUNS = int(os.environ.get("SUFFIXD_SIGTERM_RUNS", "9"))
 

@@ -19,6 +19,11 @@ from typing import Any
 import pytest
 from suffixd.client import AsyncClient, Client, SuffixDraftModel
 
+# tests/conftest.py: the daemons here measure their costs (their status and stats show them)
+DAEMONS_MEASURE = True
+
+TIER = "daemon"  # tests/conftest.py: the README's commands start their own daemons
+
 pytestmark = pytest.mark.slow
 
 

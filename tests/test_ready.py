@@ -20,6 +20,9 @@ import pytest
 
 from tests.conftest import DaemonProcess, wait_costs_measured
 
+# tests/conftest.py: every daemon here measures its costs (the tests are about that)
+DAEMONS_MEASURE = True
+
 # One round of the cost measurement (a quicker, noisier profile, stored under its own key).
 ENV = {"SUFFIXD_COST_ROUNDS": "1"}
 LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}

@@ -10,6 +10,9 @@ from typing import Any
 
 from suffixd.daemon.model import embedded_model_path
 
+# tests/conftest.py: every daemon here measures its costs (the tests are about that)
+DAEMONS_MEASURE = True
+
 
 def test_draft_model_with_the_targets_vocabulary_is_accepted(daemon_factory: Any) -> None:
     from tests.conftest import wait_costs_measured

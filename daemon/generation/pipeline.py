@@ -72,10 +72,11 @@ COST_ROUNDS = 5
 def cost_rounds() -> tuple[int, int]:
     """Rounds of a cost measurement and the cap on rounds added while its timings are
     implausible: ``COST_ROUNDS`` and ``MAX_PROFILE_ROUNDS``, or ``SUFFIXD_COST_ROUNDS``
-    for both (the tests take 1: a tenth of the CPU, a noisier profile)."""
+    for both (the tests take 1: a tenth of the CPU, a noisier profile; 0: the daemon never
+    measures, and plans with a stored profile or conservative costs)."""
     rounds = os.environ.get("SUFFIXD_COST_ROUNDS")
     if rounds:
-        return int(rounds), int(rounds)
+        return max(0, int(rounds)), max(0, int(rounds))
     return COST_ROUNDS, MAX_PROFILE_ROUNDS
 
 class Runtime:
@@ -122,7 +123,7 @@ class Runtime:
         self.engine = engine
         self.cost_profile: dict[str, float] = {}  # relative to one token; {}: not measured
         # "stored" (from the data dir), "measuring" (conservative costs until measure()
-        # ends), "measured", "failed"
+        # ends), "measured", "failed", "conservative" (never measured: SUFFIXD_COST_ROUNDS=0)
         self.profile_source = "measuring"
         self.fallback: AdaptiveDrafter | None = None
         self.draft_model: DraftModel | None = None
@@ -138,8 +139,12 @@ class Runtime:
         self.load_s = time.monotonic() - t0
         stored, why = self.store.load() if self.store is not None else (None, "no data dir")
         # measure() on a thread of its own once serving (Generation.runtime)
-        self.needs_measuring = stored is None or stored.distorted
-        if stored is not None:
+        self.needs_measuring = (stored is None or stored.distorted) and self.rounds > 0
+        if stored is None and self.rounds == 0:
+            self.profile_source = "conservative"
+            log.info("verifier costs: none usable in the data dir (%s); serving with "
+                     "conservative costs, not measured (SUFFIXD_COST_ROUNDS=0)", why)
+        elif stored is not None:
             self._use(stored)
             self.profile_source = "stored"
             if stored.distorted:

@@ -65,6 +65,7 @@ _NOT_DRAFTING = {
     "measuring": "waiting for the cost measurement (it drafts once its and the verifier's "
                  "costs are measured)",
     "failed": "the cost measurement failed: it does not draft until the daemon restarts",
+    "conservative": "costs are never measured here (SUFFIXD_COST_ROUNDS=0): it does not draft",
 }
 
 
