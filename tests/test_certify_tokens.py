@@ -3,9 +3,17 @@ record; property tests against the rule written plainly."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from suffixd.daemon.generation.certify import NEAR_TIE_GAP, TokenGap, certify_tokens
+from suffixd.daemon.generation.certify import (
+    NEAR_TIE_GAP,
+    TokenGap,
+    certify_sampled,
+    certify_tokens,
+    cut_shortfall,
+)
 
 EOG = 9  # the end-of-generation token (ids 0-8 are text)
 
@@ -58,3 +66,20 @@ def test_tokens_are_judged_where_they_leave_plain_decoding(
     tail = data.draw(st.lists(st.integers(0, EOG - 1), max_size=3))
     served = data.draw(st.sampled_from([text[:cut], text[:cut] + [first] + tail]))
     assert certify_tokens(reference, served, is_eog) == expected(reference, served)
+
+
+def test_a_sampled_token_is_inside_near_or_outside_plain_decodings_cut() -> None:
+    logits = np.array([14.0, 13.0, 12.2, 12.1, 11.9, 9.0, 1.0])
+    # top-4: the cut keeps 0..3, its weakest logit 12.1
+    assert [certify_sampled(logits, t, 1.0, 4, 1.0) for t in range(4)] == ["inside"] * 4
+    assert cut_shortfall(logits, 4, 1.0, 4, 1.0) == pytest.approx(0.2)
+    assert certify_sampled(logits, 4, 1.0, 4, 1.0) == "near_tie"
+    assert cut_shortfall(logits, 5, 1.0, 4, 1.0) == pytest.approx(3.1)
+    assert certify_sampled(logits, 5, 1.0, 4, 1.0) == "outside"
+    assert certify_sampled(logits, 5, 1.0, 4, 1.0, threshold=3.5) == "near_tie"
+    # top-p: the nucleus of 0.5 keeps token 0 alone (p ~ 0.55 at temperature 1)
+    assert certify_sampled(logits, 0, 1.0, 0, 0.5) == "inside"
+    assert cut_shortfall(logits, 1, 1.0, 0, 0.5) == pytest.approx(1.0)
+    assert certify_sampled(logits, 1, 1.0, 0, 0.5) == "near_tie"
+    assert certify_sampled(logits, 6, 1.0, 0, 0.5) == "outside"
+    assert NEAR_TIE_GAP == 2.0
