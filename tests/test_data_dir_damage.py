@@ -30,6 +30,7 @@ import stat
 import struct
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ import lmdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from suffixd.daemon.engine import Engine
 from suffixd.daemon.http_api.dashboard import RANGES, build_view, render_page
 from suffixd.daemon.http_api.dashboard_data import clean_sample, empty_ns, take_sample
 from suffixd.daemon.server.datadir import check_store_dir
@@ -47,7 +49,7 @@ from suffixd.daemon.server.serve_config import ServeError
 from suffixd.daemon.server.startup import check_data_dir_writable
 
 import suffixcache.store as store_module
-from suffixcache.store import Store, StoreFileError
+from suffixcache.store import Store, StoreError, StoreFileError
 from tests.conftest import DaemonProcess
 
 # A token no test text makes: the pages that hold it are the sequences' (in one write).
@@ -209,6 +211,28 @@ def test_damaged_pages_found_by_a_read_are_the_same_error(tmp_path: Path) -> Non
                                                  r"\(.*MDB_CORRUPTED"):
             list(s.iter_sequences())
         assert s.iter_sessions() == []  # the store stays usable where it can be read
+
+
+def test_a_background_rebuild_that_meets_damaged_pages_says_it_failed(
+        tmp_path: Path) -> None:
+    """Before: the rebuild thread died in a traceback and ``rebuilding`` stayed true."""
+    _populated_store(tmp_path / "store")
+    assert _break_sequence_pages(tmp_path / "store" / "data.mdb")
+    failed: list[StoreError] = []
+    done = threading.Event()
+
+    def on_failure(exc: StoreError) -> None:
+        failed.append(exc)
+        done.set()
+
+    with Engine(tmp_path, background_rebuild=True,  # no vocabulary: nothing written first
+                on_rebuild_failure=on_failure) as e:
+        assert done.wait(30)
+        assert isinstance(failed[0], StoreFileError)
+        assert failed[0].path == tmp_path / "store" / "data.mdb"
+        info = e.info()
+        assert not info["rebuilding"] and info["rebuild_error"] == str(failed[0])
+        assert e.rebuild_error is failed[0]
 
 
 def test_a_new_store_still_opens_and_reopens(tmp_path: Path) -> None:
@@ -449,6 +473,33 @@ def test_damage_found_while_the_trees_rebuild_is_one_line(tmp_path: Path) -> Non
     assert _break_sequence_pages(data / "store" / "data.mdb")
     line = _refused(data, "--rebuild", "blocking")
     assert "is not a readable LMDB store" in line and "MDB_CORRUPTED" in line, line
+
+
+def test_damage_found_by_the_background_rebuild_stops_the_daemon_in_one_line(
+        tmp_path: Path) -> None:
+    """The default --rebuild background: the daemon serves before the rebuild reads the
+    damaged pages. Before: the rebuild thread ended in a traceback and the daemon served
+    on, "rebuilding" for good, without the data it had acknowledged."""
+    data = tmp_path / "data"
+    _populated_store(data / "store")
+    assert _break_sequence_pages(data / "store" / "data.mdb")
+    proc = DaemonProcess(data, ["--model", "none"])
+    proc.start(expect_ready=False)
+    try:
+        code: int | None = proc.wait(30)
+    except subprocess.TimeoutExpired:
+        code = None  # before: served on, "rebuilding" for good
+    finally:
+        proc.stop()
+    log = proc.log()
+    assert code == 2, log
+    assert "Traceback" not in log, log
+    lines = [ln for ln in log.splitlines() if "data.mdb" in ln]
+    assert len(lines) == 1, log
+    # the blocking case's text: the file, what is wrong, the way out
+    assert f"the store file {data / 'store' / 'data.mdb'} is not a readable LMDB store (" \
+        in lines[0] and "MDB_CORRUPTED" in lines[0], log
+    assert "restore a copy" in lines[0] and "aside" in lines[0], log
 
 
 def test_bad_history_samples_neither_stop_the_daemon_nor_fail_the_dashboard(

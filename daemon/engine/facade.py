@@ -55,7 +55,9 @@ Python API:
 * restart: sessions and counters are loaded in the constructor; the global and corpus
   trees too, or with ``background_rebuild=True`` (what `suffixd serve` does) in a thread
   while the daemon already serves (``engine.rebuilding`` / Info.rebuilding tell; drafts
-  from those trees fill in as it proceeds; ingest is durable throughout).
+  from those trees fill in as it proceeds; ingest is durable throughout). A store that
+  rebuild cannot read ends it (``engine.rebuild_error``, ``info()["rebuild_error"]``)
+  and calls ``on_rebuild_failure(error)``: `suffixd serve` stops, exit status 2.
 
 Locking (explicit; a lock is never held across another session's work):
 
@@ -91,7 +93,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from suffixcache.store import Store, Txn
+from suffixcache.store import Store, StoreError, Txn
 
 from ..common.config import CacheConfig, Limits
 from ..common.errors import FailedPrecondition, NotFound, ResourceExhausted
@@ -138,6 +140,7 @@ class Engine:
         reaper_interval_s: float | None = None,
         background_rebuild: bool = False,
         lazy_commit_s: float = 0.010,
+        on_rebuild_failure: Callable[[StoreError], None] | None = None,
     ) -> None:
         from suffixcache import SuffixCache
 
@@ -217,7 +220,7 @@ class Engine:
         session_tokens = self.sessions.load()
         self.counters.load()
         self.trees.start_rebuild(session_tokens, t0, background_rebuild, self._spawn,
-                                 self.registry.__len__)
+                                 self.registry.__len__, on_rebuild_failure)
         self._spawn(lambda: self.counters.flush_loop(counter_flush_s, self._stop),
                     "suffixd-counter-flush")
         ttl = self.limits.session_idle_timeout_s
@@ -261,6 +264,10 @@ class Engine:
     @property
     def rebuilding(self) -> bool:
         return self.trees.rebuilding
+
+    @property
+    def rebuild_error(self) -> StoreError | None:
+        return self.trees.rebuild_error
 
     @property
     def rebuild_seconds(self) -> float:
@@ -318,6 +325,7 @@ class Engine:
             "rebuild_seconds": self.rebuild_seconds,
             "rebuild_tokens": self.rebuild_tokens,
             "rebuilding": self.rebuilding,
+            "rebuild_error": str(self.rebuild_error or ""),
         }
 
     # ------------------------------------------------------------------ sessions

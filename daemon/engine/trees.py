@@ -9,7 +9,10 @@ Interface (``TreeIndex``, one per Engine):
   ``suffixd-rebuild`` thread while the daemon serves; ``rebuilding``,
   ``rebuild_tokens`` and ``rebuild_seconds`` tell how far it is (Info.rebuilding); a
   stored record no tree takes (token ids outside the vocabulary) is skipped, logged and
-  counted (``invalid_records``), never the end of the rebuild;
+  counted (``invalid_records``), never the end of the rebuild; a store the background
+  rebuild cannot read (damaged pages: ``StoreFileError``) ends it: one ERROR line,
+  ``rebuild_error`` set, ``rebuilding`` false, and ``failed(error)`` called (the daemon
+  stops: what it acknowledged cannot be served);
 * ``remove(ns, kind, seq_ids)``: take sequences out of the trees after they were deleted
   from the store; a rebuild still running will not put them back;
 * ``delete_sequences(seq_ids)``: delete sequences the global tree evicted from the store
@@ -31,7 +34,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from suffixcache.store import Store, Txn
+import lmdb
+
+from suffixcache.store import Store, StoreError, Txn
 
 if TYPE_CHECKING:
     from suffixcache import SuffixCache
@@ -54,6 +59,8 @@ class TreeIndex:
         self.rebuild_seconds = 0.0
         self.rebuild_tokens = 0
         self.rebuilding = False
+        # Why the background rebuild ended before its end (the store could not be read).
+        self.rebuild_error: StoreError | None = None
         self.lock = threading.Lock()
         self._removed_during_rebuild: set[int] = set()
 
@@ -65,17 +72,44 @@ class TreeIndex:
         background: bool,
         spawn: Callable[[Callable[[], None], str], None],
         count_sessions: Callable[[], int],
+        failed: Callable[[StoreError], None] | None = None,
     ) -> None:
-        """After the sessions (``session_tokens`` of them) were loaded at ``t0``."""
+        """After the sessions (``session_tokens`` of them) were loaded at ``t0``.
+        ``failed``: called from the thread when a background rebuild cannot read the
+        store (a blocking one raises instead)."""
         self.rebuild_tokens = session_tokens
         # Sequences written from now on go to the trees directly; the rebuild stops here.
         last_id = int(self.store.get_meta("next_seq", 1)) - 1
         self.rebuilding = True
         if background:
-            spawn(lambda: self._rebuild_sequences(last_id, t0, count_sessions),
+            spawn(lambda: self._rebuild_in_background(last_id, t0, count_sessions, failed),
                   "suffixd-rebuild")
         else:
             self._rebuild_sequences(last_id, t0, count_sessions)
+
+    def _rebuild_in_background(self, last_id: int, t0: float,
+                               count_sessions: Callable[[], int],
+                               failed: Callable[[StoreError], None] | None) -> None:
+        try:
+            self._rebuild_sequences(last_id, t0, count_sessions)
+        except (StoreError, lmdb.Error) as exc:
+            if self._stop.is_set():
+                return  # the engine closed the store under a rebuild it gave up waiting for
+            # The helper turns LMDB's damage errors into StoreFileError; any other LMDB
+            # error still needs the store's path to be worth reading.
+            error = exc if isinstance(exc, StoreError) else StoreError(
+                f"the store {self.store.path} could not be read while the trees rebuilt "
+                f"({exc})")
+            # The blocking rebuild's one line (a thread's traceback said neither the file
+            # nor the way out); and not "rebuilding" for good.
+            log.error("%s", error)
+            with self.lock:
+                self.rebuild_error = error
+                self.rebuilding = False
+                self._removed_during_rebuild.clear()
+            self.rebuild_seconds = time.perf_counter() - t0
+            if failed is not None:
+                failed(error)
 
     def _rebuild_sequences(self, last_id: int, t0: float,
                            count_sessions: Callable[[], int]) -> None:

@@ -9,7 +9,8 @@
   generations at their next step (their clients are told the daemon is stopping), lets
   the other in-flight RPCs finish (grace period), then closes the engine (counters
   flushed, LMDB closed cleanly), all within ``--stop-timeout`` (daemon/server/stopping.py:
-  past it, what still runs is abandoned and the process exits).
+  past it, what still runs is abandoned and the process exits); the same stop, exit
+  status 2, when the background rebuild finds the store unreadable (damaged pages).
 * ``build_server(engine, cfg, claimed=None)``: one LoopServer
   (daemon/server/loop_server.py: a ``grpc.aio`` server on an event loop of its own
   thread) with suffixd.v1.Suffixd, the standard health service (everything SERVING
@@ -291,8 +292,15 @@ def start_fleet(engine: Any, cfg: ServeConfig) -> None:
         raise ServeError(str(exc)) from None
 
 
+def _exit_status(engine: Any) -> int:
+    """2 when the stop was the background rebuild's failure (the blocking rebuild's
+    refusal exits 2 too), else 0."""
+    return 2 if engine.rebuild_error is not None else 0
+
+
 def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None) -> int:
-    """Serve until SIGTERM/SIGINT. Raises ServeError for a start-up problem."""
+    """Serve until SIGTERM/SIGINT (0), or until a background rebuild finds the store
+    unreadable (2). Raises ServeError for a start-up problem."""
     from suffixcache.store import StoreError
 
     from ..engine import Engine
@@ -335,9 +343,13 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
     try:
         t0 = time.perf_counter()
         try:
+            # A background rebuild that cannot read the store (it logs the one line the
+            # blocking one is refused with) stops the daemon: the data it acknowledged
+            # would never be served.
             engine = Engine(cfg.data_dir, model_path=cfg.model, limits=cfg.limits,
                             cache_config=cfg.cache, sync=cfg.sync,
-                            background_rebuild=cfg.background_rebuild)
+                            background_rebuild=cfg.background_rebuild,
+                            on_rebuild_failure=lambda exc: stop.set())
         except StoreError as exc:
             # another tokenizer's data, a store file that is a link, empty, truncated or
             # damaged: the message names the file and the way out
@@ -360,7 +372,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
             clock.running = generator.still_running
         socket_locks = server.socket_locks
         if stop.is_set():
-            return 0
+            return _exit_status(engine)
         if cfg.extra.get("http"):
             from ..http_api.app import start_http
 
@@ -411,7 +423,7 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
         server.stop(min(cfg.grace_s, clock.left(clock.reserve)),
                     settle_s=clock.reserve / 4).wait()
         server = None
-        return 0
+        return _exit_status(engine)
     finally:
         if http is not None:
             http.stop(clock.left(clock.reserve))
