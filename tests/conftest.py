@@ -93,7 +93,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda it: TIERS.index(tier_of[it.nodeid]))
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def _kernels() -> str:
     """Which llama.cpp kernels the model tests run on (they differ by CPU and build)."""
     try:
         import llama_cpp
@@ -101,6 +101,15 @@ def pytest_report_header(config: pytest.Config) -> str:
         return "llama.cpp: not installed"
     info = llama_cpp.llama_print_system_info().decode().strip()
     return f"llama.cpp {llama_cpp.__version__} from {Path(llama_cpp.__file__).parent}: {info}"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return _kernels()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    # the header is hidden under -q (CI's command): a result is for the kernels it ran on
+    terminalreporter.write_line(_kernels())
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
