@@ -225,6 +225,20 @@ class DaemonProcess:
         return self.proc.returncode
 
 
+def wait_health(proc: DaemonProcess, timeout: float = 300.0) -> None:
+    """Until the daemon's HTTP front answers /health with 200 (its model loaded)."""
+    import httpx
+
+    assert proc.http
+    url = proc.http.removesuffix("/v1") + "/health"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if httpx.get(url, timeout=30).status_code == 200:
+            return
+        time.sleep(0.1)
+    raise AssertionError("/health never answered 200:\n" + proc.log())
+
+
 def wait_costs_measured(client: Any, timeout: float = 900.0) -> dict[str, Any]:
     """The generator's status once its verifier costs are measured (or were stored): after
     the model loads, generation is served at once and the costs are measured on a thread

@@ -20,24 +20,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import DaemonProcess, wait_costs_measured
+from tests.conftest import DaemonProcess, wait_costs_measured, wait_health
 
 # tests/conftest.py: every daemon here measures its costs (the tests are about that)
 DAEMONS_MEASURE = True
 
 # SIGTERMs sent by the stop test (a longer run: SUFFIXD_SIGTERM_RUNS=50)
 SIGTERM_RUNS = int(os.environ.get("SUFFIXD_SIGTERM_RUNS", "9"))
-
-
-def wait_health(proc: DaemonProcess, timeout: float = 300.0) -> None:
-    assert proc.http
-    url = proc.http.removesuffix("/v1") + "/health"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if httpx.get(url, timeout=30).status_code == 200:
-            return
-        time.sleep(0.1)
-    raise AssertionError("/health never answered 200:\n" + proc.log())
 
 
 def long_prompt(n: int = 180) -> str:

@@ -20,20 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import DaemonProcess
+from tests.conftest import DaemonProcess, wait_health
 
 STOP_BOUND_S = 10.0  # serve --stop-timeout's default
-
-
-def _wait_health(proc: DaemonProcess, timeout: float = 300.0) -> None:
-    assert proc.http
-    url = proc.http.removesuffix("/v1") + "/health"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if httpx.get(url, timeout=30).status_code == 200:
-            return
-        time.sleep(0.1)
-    raise AssertionError("/health never answered 200:\n" + proc.log())
 
 
 class Streamed:
@@ -105,6 +94,18 @@ def _sigterm(proc: DaemonProcess, limit: float = 60.0) -> tuple[int, float]:
     return rc, time.monotonic() - t0
 
 
+def _settled(log: Path, threads: list[threading.Thread], rc: int, took: float,
+             bound: float) -> str:
+    """After a stop: the clients' threads joined, the exit checked (0, within ``bound``
+    seconds); the daemon's log."""
+    for t in threads:
+        t.join(30)
+    text = log.read_text(errors="replace")
+    assert rc == 0, text[-3000:]
+    assert took < bound, (took, text[-3000:])
+    return text
+
+
 def _assert_quiet_log(text: str) -> None:
     """An ordinary stop: "stopped", and no error, traceback or abandoned thread."""
     assert "stopped" in text, text[-3000:]
@@ -123,7 +124,7 @@ def test_sigterm_ends_streamed_generations_promptly(tmp_path: Path) -> None:
     proc = DaemonProcess(tmp_path / "data", ["--http", "127.0.0.1:0", "--model-load", "startup"],
                          log_path=log).start()
     try:
-        _wait_health(proc)
+        wait_health(proc)
         started = threading.Barrier(5)
         streams = [Streamed(proc, seed, started) for seed in range(4)]
         started.wait(180)  # every one a few steps into its generation
@@ -132,11 +133,7 @@ def test_sigterm_ends_streamed_generations_promptly(tmp_path: Path) -> None:
     finally:
         proc.kill9()
         proc.stop()
-    for s in streams:
-        s.thread.join(30)
-    text = log.read_text(errors="replace")
-    assert rc == 0, text[-3000:]
-    assert took < STOP_BOUND_S, (took, text[-3000:])
+    text = _settled(log, [s.thread for s in streams], rc, took, STOP_BOUND_S)
     ends = [s.clean_end() for s in streams]
     assert ends == ["error event"] * 4, ends  # ignore_eos, 4,000 tokens: none finished
     _assert_quiet_log(text)
@@ -159,7 +156,7 @@ def test_sigterm_answers_every_front_and_keeps_acknowledged_data(tmp_path: Path)
     grpc_end: dict[str, Any] = {}
     grpc_going = threading.Event()
     try:
-        _wait_health(proc)
+        wait_health(proc)
         with proc.client() as c:
             c.open_session("keep", "s", tokens=kept[:100])
             c.append("keep", "s", kept[100:])  # acknowledged: durable from here on
@@ -198,11 +195,7 @@ def test_sigterm_answers_every_front_and_keeps_acknowledged_data(tmp_path: Path)
     finally:
         proc.kill9()
         proc.stop()
-    for t in [*threads, stream.thread]:
-        t.join(30)
-    text = log.read_text(errors="replace")
-    assert rc == 0, text[-3000:]
-    assert took < 5.0, (took, text[-3000:])
+    text = _settled(log, [*threads, stream.thread], rc, took, 5.0)
     assert stream.clean_end() == "error event"
     assert "error" not in whole, whole
     r = whole["r"]
@@ -232,7 +225,7 @@ def test_past_the_stop_timeout_what_runs_is_abandoned(tmp_path: Path, timeout: s
                                 "--stop-timeout", timeout], log_path=log).start()
     kept = [(i * 41) % 900 + 20 for i in range(200)]
     try:
-        _wait_health(proc)
+        wait_health(proc)
         with proc.client() as c:
             c.open_session("keep", "s", tokens=kept[:50])
             c.append("keep", "s", kept[50:])
@@ -243,11 +236,7 @@ def test_past_the_stop_timeout_what_runs_is_abandoned(tmp_path: Path, timeout: s
     finally:
         proc.kill9()
         proc.stop()
-    for s in streams:
-        s.thread.join(30)
-    text = log.read_text(errors="replace")
-    assert rc == 0, text[-3000:]
-    assert took < 3.0, (took, text[-3000:])
+    text = _settled(log, [s.thread for s in streams], rc, took, 3.0)
     warnings = [line for line in text.splitlines() if " WARNING " in line and "abandoned" in line]
     assert len(warnings) == 1, text[-3000:]
     assert "stop timeout (0 s) passed" in warnings[0] and "generation" in warnings[0], warnings

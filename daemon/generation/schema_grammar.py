@@ -877,6 +877,11 @@ class _Reader:
                 for j in range(i + 1, len(alts)):
                     if not self.disjoint(a, alts[j], path):
                         raise self.overlap(path, i, j)
+        return self.satisfiable_any(alts, path, key, depth)
+
+    def satisfiable_any(self, alts: list[Any], path: str, key: str, depth: int) -> Node:
+        """anyOf the alternatives that some value satisfies (an unsatisfiable one is
+        dropped; none left: the schema is refused naming ``key``)."""
         node = Node("anyOf")
         for i, a in enumerate(alts):
             try:
@@ -947,15 +952,7 @@ class _Reader:
         alts = self.distribute(parts, path, depth, frozenset())
         if len(alts) == 1:
             return self.node(alts[0], path, depth + 1)
-        node = Node("anyOf")
-        for i, alt in enumerate(alts):
-            try:
-                node.children.append(self.node(alt, f"{path}/allOf/{i}", depth + 1))
-            except _Unsatisfiable:
-                continue
-        if not node.children:
-            raise self.empty(path, "allOf")
-        return node
+        return self.satisfiable_any(alts, path, "allOf", depth)
 
     def distribute(self, parts: list[Any], path: str, depth: int, seen: frozenset[str],
                    ) -> list[dict[str, Any]]:

@@ -66,6 +66,7 @@ from .dashboard_data import (
     take_sample,
 )
 from .dashboard_svg import Ref, Series, chart, count, nbytes, pct, seconds, times_x
+from .guard import bearer_matches
 
 REFRESH_S = 5
 RANGES = {"all": math.inf, "1h": 3600.0, "6h": 6 * 3600.0, "24h": 86400.0}
@@ -105,9 +106,9 @@ class Dashboard:
         if self._token is None:
             return True  # open: loopback without a token, or --insecure
         got = request.headers.get("authorization", "")
+        if bearer_matches(got, self._token):
+            return True
         scheme, _, value = got.partition(" ")
-        if scheme.lower() == "bearer":
-            return hmac.compare_digest(value.strip().encode(), self._token)
         if scheme.lower() == "basic":
             try:
                 decoded = base64.b64decode(value.strip(), validate=True)

@@ -79,25 +79,25 @@ def _int(body: dict[str, Any], name: str) -> int | None:
     return v
 
 
-def stream_flag(body: dict[str, Any]) -> bool:
-    """``stream``: a boolean, as OpenAI checks it (``"yes"`` or 1 is no answer to stream)."""
-    v = body.get("stream")
+def _boolean(body: dict[str, Any], name: str) -> bool:
+    """An optional boolean field: absent is false, anything but a boolean a 400 naming it."""
+    v = body.get(name)
     if v is None:
         return False
     if not isinstance(v, bool):
-        raise ApiError(400, "'stream' must be a boolean", param="stream")
+        raise ApiError(400, f"'{name}' must be a boolean", param=name)
     return v
+
+
+def stream_flag(body: dict[str, Any]) -> bool:
+    """``stream``: a boolean, as OpenAI checks it (``"yes"`` or 1 is no answer to stream)."""
+    return _boolean(body, "stream")
 
 
 def return_token_ids(body: dict[str, Any]) -> bool:
     """vLLM's ``return_token_ids``: the generated token ids in the answer's choice (what a
     client needs to check an answer token by token, e.g. against plain decoding)."""
-    v = body.get("return_token_ids")
-    if v is None:
-        return False
-    if not isinstance(v, bool):
-        raise ApiError(400, "'return_token_ids' must be a boolean", param="return_token_ids")
-    return v
+    return _boolean(body, "return_token_ids")
 
 
 def apply_sampling(body: dict[str, Any], req: GenerationRequest) -> None:
