@@ -98,12 +98,15 @@ class Tokenizer:
         Two GGUF files with the same vocabulary (a target and its draft model,
         or the same model quantised differently) share a fingerprint.
         """
+        import llama_cpp
+
+        # Each token's text as the C string llama.cpp holds (what token_get_text decodes),
+        # joined in one call: a start-up cost (0.1 s of 262k gemma tokens, half the loop's).
+        text_of = llama_cpp.llama_vocab_get_text
+        vocab = self._model.vocab
+        n = self.vocab_size
         h = hashlib.sha256()
-        h.update(str(self.vocab_size).encode())
-        for token_id in range(self.vocab_size):
-            piece = self._model.token_get_text(token_id)
-            h.update(
-                piece.encode("utf-8", errors="surrogatepass") if isinstance(piece, str) else piece
-            )
-            h.update(b"\x00")
+        h.update(str(n).encode())
+        h.update(b"\x00".join([text_of(vocab, i) for i in range(n)]))
+        h.update(b"\x00")
         return h.hexdigest()[:32]
