@@ -55,12 +55,16 @@ class NamespaceLimit:
         return (self.cache.has_namespace(ns) or self.counters.has_namespace(ns)
                 or self.registry.has_namespace(ns))
 
-    def names(self) -> list[str]:
+    def known(self) -> set[str]:
+        """Every namespace let in or holding state."""
         with self.lock:
-            admitted = set(self._admitted)
-        known = admitted | set(self.cache.namespaces()) | self.counters.namespaces() \
-            | self.registry.namespaces()
-        return sorted(known)
+            known = set(self._admitted)
+        known.update(self.cache.namespaces(), self.counters.namespaces(),
+                     self.registry.namespaces())
+        return known
+
+    def names(self) -> list[str]:
+        return sorted(self.known())
 
     def admit(self, ns: str) -> bool:
         """Let ``ns`` hold state (ResourceExhausted past the limit); True when this call let

@@ -233,8 +233,13 @@ class Counters:
         open_by_ns, sess_tokens = self.registry.snapshot()
         wanted = {ns} if ns else set(names) if names is not None else None
         with self.lock:
-            ctrs = {k: json.loads(json.dumps(v)) for k, v in self._counters.items()
-                    if wanted is None or k[0] in wanted}
+            if wanted is not None and not (session_id or include_sessions):
+                # a page's namespaces looked up, not every stored key scanned
+                keys: list[tuple[str, str]] = [(n, "") for n in wanted
+                                                   if (n, "") in self._counters]
+            else:
+                keys = [k for k in self._counters if wanted is None or k[0] in wanted]
+            ctrs = {k: json.loads(json.dumps(self._counters[k])) for k in keys}
             docs = {k: dict(v) for k, v in self._docs_accepted.items()
                     if wanted is None or k in wanted}
         if wanted is None:

@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import logging
 import threading
 import time
@@ -525,13 +526,19 @@ class Engine:
         return self.counters.stats(ns, session_id, include_sessions, top_documents, names)
 
     # ------------------------------------------------------------------ bounded state
-    def stats_namespaces(self, ns: str | None = None) -> list[str]:
-        """The namespaces a Stats request covers, sorted: ``ns`` alone, or every one
-        holding state."""
+    def stats_page(self, ns: str | None, after: str | None,
+                   limit: int) -> tuple[int, int, list[str]]:
+        """The namespaces a Stats page covers: how many there are in all, how many sort
+        after ``after`` (the page token's name), and the first ``limit`` of those in name
+        order: ``ns`` alone, or every namespace holding state. Not a sorted copy of every
+        name per page: 80 pages over 80,000 namespaces took 10 s that way."""
         if ns:
             self.validator.check_name("namespace", ns)
-            return [ns]
-        return self.namespaces.names()
+            later = [ns] if after is None or ns > after else []
+            return 1, len(later), later
+        known = self.namespaces.known()
+        rest = list(known) if after is None else [n for n in known if n > after]
+        return len(known), len(rest), heapq.nsmallest(limit, rest)
 
     def drop_namespace(self, ns: str, replica: Any = None) -> dict[str, Any]:
         """Delete a namespace and everything in it, durably (daemon/engine/namespace_drop.py):

@@ -88,12 +88,14 @@ def profile_key(
     extra_buffers: bool,
     rounds: int,
     draft_model: Path | None = None,
+    sizes: int = 33,
 ) -> dict[str, Any]:
     """What a measured profile depends on. ``n_ctx`` (per slot) sets the measurement's
     context length when small; ``n_slots`` the context's KV streams; ``extra_buffers``
     and the llama.cpp build which kernels run; the CPU and the cores it may use how fast
     they run, and OpenMP's wait policy how much each decode pays to wake its threads;
-    ``rounds`` how many repetitions the fastest time was taken over."""
+    ``rounds`` how many repetitions the fastest time was taken over; ``sizes`` the largest
+    batch timed (a key without it is the default's, so stored profiles stay valid)."""
     import llama_cpp
 
     try:
@@ -123,6 +125,8 @@ def profile_key(
         # one-token decode on 2 cores (research log, 2026-11-26)
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "").strip().upper(),
     }
+    if sizes != 33:
+        key["sizes"] = sizes
     return key
 
 

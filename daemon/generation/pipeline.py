@@ -66,7 +66,14 @@ PROFILE_DRIFT = 0.15
 # Rounds of the start-up cost measurement (each batch shape keeps its fastest);
 # SUFFIXD_COST_ROUNDS changes it (tests take 1), and the stored profile's key says which.
 COST_ROUNDS = 5
+# Batch sizes the cost measurement times, 1 to COST_SIZES (a draft of up to 32 tokens
+# and its bonus row); SUFFIXD_COST_SIZES lowers it where the profile's upper sizes do not
+# matter (tests about the measurement's scheduling, quick experiments).
+COST_SIZES = 33
 
+
+def cost_sizes() -> int:
+    return max(1, int(os.environ.get("SUFFIXD_COST_SIZES") or COST_SIZES))
 
 
 def cost_rounds() -> tuple[int, int]:
@@ -78,6 +85,7 @@ def cost_rounds() -> tuple[int, int]:
     if rounds:
         return max(0, int(rounds)), max(0, int(rounds))
     return COST_ROUNDS, MAX_PROFILE_ROUNDS
+
 
 class Runtime:
     """The loaded models and their measured costs (created once).
@@ -135,6 +143,7 @@ class Runtime:
             self.draft_model = DraftModel(draft_path, self.verifier)
         self.measure_thread: threading.Thread | None = None  # started by Generation
         self.rounds, self.max_rounds = cost_rounds()
+        self.sizes = cost_sizes()
         self.store = self._store(engine, Path(path), n_gpu_layers, draft_path)
         self.load_s = time.monotonic() - t0
         stored, why = self.store.load() if self.store is not None else (None, "no data dir")
@@ -165,6 +174,7 @@ class Runtime:
                               n_ubatch=v.n_ubatch, n_ctx=v.n_ctx,
                               n_slots=v.n_slots, n_gpu_layers=n_gpu_layers,
                               extra_buffers=extra_weight_buffers(), rounds=self.rounds,
+                              sizes=self.sizes,
                               draft_model=Path(draft_path) if draft_path else None)
         except OSError as exc:  # the model file went away after loading: measure, keep none
             log.warning("verifier costs will not be stored: %s", exc)
@@ -199,7 +209,8 @@ class Runtime:
         self.profile_source = "measuring"  # also when a distorted stored one is in use
         try:
             v = self.verifier
-            v.measure_cost_profile(reps=self.rounds, max_rounds=self.max_rounds)
+            v.measure_cost_profile(ks=range(1, self.sizes + 1), reps=self.rounds,
+                                   max_rounds=self.max_rounds)
             draft_s = (draft_seconds_per_token(v, self.draft_model)
                        if self.draft_model is not None else None)
             costs = StoredCosts(dict(v.raw_cost_seconds), dict(v.padded_cost_seconds),

@@ -17,7 +17,6 @@ and bounded by one group commit.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import functools
 import json
@@ -538,18 +537,16 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
         limit), in name order, resuming after the name page_token carries."""
         page_size = request.page_size or DEFAULT_STATS_PAGE
         after = _page_after(request.page_token)
-        names = self.engine.stats_namespaces(request.namespace or None)
-        total = len(names)
-        start = bisect.bisect_right(names, after) if after is not None else 0
+        total, remaining, window = self.engine.stats_page(request.namespace or None, after,
+                                                          page_size)
         out = pb.StatsResponse(namespaces_total=total)
-        if start == 0:
+        if after is None:
             fleet = getattr(self.engine, "fleet", None)
             if fleet is not None:
                 out.fleet_json = json.dumps(fleet.status())
             for m in self.engine.memory():
                 out.memory.add(**m)
         budget = self.engine.limits.max_message_bytes // 2 - out.ByteSize()
-        window = names[start:start + page_size]
         st = self.engine.stats(request.namespace or None, request.session_id or None,
                                request.include_sessions, request.top_documents or 10,
                                names=window)
@@ -564,8 +561,8 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
                 out.namespaces.append(nsm)
                 size += n
             done += 1
-        if start + done < total:
-            out.next_page_token = _page_token(names[start + done - 1] if done else after)
+        if done < remaining:
+            out.next_page_token = _page_token(window[done - 1] if done else after)
         return out
 
 
