@@ -96,6 +96,7 @@ from typing import Any
 import httpx
 import jsonschema
 from fleet_bench import Redis  # bench/: a redis-server on a free loopback port
+from rss_watch import MemoryWatch, flat, markdown
 from suffixd.cli.bench_http import wait_measured
 from suffixd.client import Client, SuffixdError
 
@@ -1328,6 +1329,24 @@ def main() -> None:
                     "second stop comes (start-up takes 1-3 s, then the model loads).")
     ap.add_argument("--rss-budget-mib", type=float, default=1536.0,
                     help="Each node's RSS budget: the peak (VmHWM) of every process of it.")
+    ap.add_argument("--prompt-cache-mb", type=int, default=256,
+                    help="The daemons' --prompt-cache-mb (its budget; small, so it is "
+                    "reached within minutes).")
+    ap.add_argument("--memory-interval", type=float, default=30.0,
+                    help="Seconds between samples of each node's RSS and its parts "
+                    "(Stats' process memory).")
+    ap.add_argument("--flat-window", type=float, default=20.0,
+                    help="Minutes at the end of the run over which RSS must be flat (at "
+                    "most a third of the run).")
+    ap.add_argument("--flat-mib", type=float, default=16.0,
+                    help="RSS is flat when its trend over the window is at most this many "
+                    "MiB, or --flat-pct of it, whichever is larger.")
+    ap.add_argument("--flat-pct", type=float, default=2.0,
+                    help="... or this percentage of the window's mean RSS.")
+    ap.add_argument("--require-flat", action="store_true",
+                    help="Fail the run when a node's RSS is not flat over the window.")
+    ap.add_argument("--memory-report", type=Path, default=None,
+                    help="Also write the memory samples and verdicts here, as markdown.")
     ap.add_argument("--seed", type=int, default=0,
                     help="Seeds the schedule, the schemas and the clients' choices.")
     ap.add_argument("--data-dir", type=Path, default=None)
@@ -1337,7 +1356,8 @@ def main() -> None:
     work = args.data_dir or Path(tempfile.mkdtemp(prefix="suffixd-soak-"))
     work.mkdir(parents=True, exist_ok=True)
     threads = args.threads or (1 if args.fleet else 2)
-    daemon_args = ["--global-budget-tokens", str(args.global_budget), "--threads", str(threads)]
+    daemon_args = ["--global-budget-tokens", str(args.global_budget), "--threads", str(threads),
+                   "--prompt-cache-mb", str(args.prompt_cache_mb)]
     redis = Redis(work) if args.fleet else None
     names = "ab" if args.fleet else "a"
     nodes = [Node(n, work / n / "data", work / n / "daemon.log",
@@ -1360,6 +1380,11 @@ def main() -> None:
     print(json.dumps(report, indent=1))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
+    if args.memory_report:
+        args.memory_report.write_text(markdown({**report["memory"],
+                                                "command": report["command"],
+                                                "date": report["date"],
+                                                "seconds": report["seconds"]}))
     sys.exit(0 if report["passed"] else 1)
 
 
@@ -1410,6 +1435,10 @@ def soak(args: argparse.Namespace, nodes: list[Node], threads: int) -> dict[str,
             tree_over.extend(f"{t} s, node {n.name}: {what}" for what in over)
 
     sample_trees(rss[0][0])
+    memory_stop = threading.Event()
+    watch = MemoryWatch(lambda: [(n.name, n.proc.pid, n.target) for n in nodes if n.up],
+                        args.memory_interval, t0, memory_stop)
+    watch.start()
     end = t0 + args.minutes * 60
     while time.monotonic() < end:
         time.sleep(min(60.0, max(0.0, end - time.monotonic())))
@@ -1424,8 +1453,16 @@ def soak(args: argparse.Namespace, nodes: list[Node], threads: int) -> dict[str,
             + f"  served {sum(tally.ok.values()):,}  unexpected "
             f"{sum(tally.unexpected.values())}  stops {len(chaos.events)}{lag}  "
             f"load {os.getloadavg()[0]:.1f}", flush=True)
+        for n in nodes:
+            last = (watch.of(n.name) or [{}])[-1]
+            if last.get("parts"):
+                print("        " + n.name + ": " + ", ".join(
+                    f"{k} {v:.0f}" for k, v in last["parts"].items()) + " MiB", flush=True)
     # The schedule ends before the final kill, and an event under way finishes (its node
     # restarted and checked) first.
+    memory_stop.set()
+    watch.join(timeout=120)
+    memory_end_s = time.monotonic() - t0
     chaos.stop_event.set()
     chaos.join(timeout=1800)  # a restart's checks are bounded (rebuild 600 s, model 300 s)
     if chaos.is_alive():
@@ -1501,6 +1538,16 @@ def soak(args: argparse.Namespace, nodes: list[Node], threads: int) -> dict[str,
     over_rss = [n for n, r in rss_report.items() if not r["within_budget"]]
     failures = list(chaos.failures) + [f"node {n.name} down at the end" for n in nodes
                                        if n not in live]
+    # RSS flat at the end: the last --flat-window minutes, at most a third of the run
+    window_s = min(args.flat_window * 60, memory_end_s / 3)
+    verdicts = {n.name: flat(watch.of(n.name), memory_end_s, window_s, args.flat_mib,
+                             args.flat_pct / 100) for n in nodes}
+    if args.require_flat:
+        failures += [f"node {name}: RSS not flat over the last {window_s / 60:.0f} min "
+                     f"({v.get('growth_mib')} MiB > {v.get('limit_mib')})"
+                     if v["flat"] is False else
+                     f"node {name}: RSS flatness not judged ({v.get('why')})"
+                     for name, v in verdicts.items() if not v["flat"]]
     return {
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -1524,6 +1571,8 @@ def soak(args: argparse.Namespace, nodes: list[Node], threads: int) -> dict[str,
         "in_flight_at_stops": dict(tally.at_stop),
         "in_flight_at_kill": dict(tally.at_kill),
         "rss_mib": rss_report,
+        "memory": {"interval_s": args.memory_interval, "verdicts": verdicts,
+                   "samples": {n.name: watch.of(n.name) for n in nodes}},
         "global_tokens_evictions_open_sessions": trees,
         "global_over_budget": tree_over,
         "latency_ms": {rpc: {"n": len(v), "p50": round(1e3 * percentile(v, 0.5), 2),

@@ -108,6 +108,8 @@ def summarize(
         namespaces.append(entry)
     out: dict[str, Any] = {"time": time.time(), "namespaces": namespaces,
                            "memory": [dict(m) for m in resp.get("memory") or []]}
+    if resp.get("process_memory_json"):
+        out["process_memory"] = json.loads(resp["process_memory_json"])
     if resp.get("fleet_json"):
         out["fleet"] = json.loads(resp["fleet_json"])
     return out
@@ -259,6 +261,40 @@ def memory_lines(memory: list[Mapping[str, Any]]) -> list[str]:
     return [*out, ""]
 
 
+# The process memory's parts as `suffixd stats` names them, and what each one is.
+_PROCESS_PARTS = {
+    "model_weights": ("model weights", "the GGUF files, mapped"),
+    "libraries": ("libraries", "other mapped files: the interpreter, shared libraries"),
+    "llama_context": ("llama.cpp context", ""),
+    "prompt_cache": ("prompt cache", "KV checkpoints of prompt prefixes"),
+    "trees": ("suffix trees", "as the trees count their bytes"),
+    "malloc_in_use": ("malloc in use", "everything else allocated: Python objects over "
+                      "512 B, gRPC, numpy, LMDB"),
+    "malloc_free": ("malloc free held", "free memory malloc's arenas keep resident"),
+    "stacks": ("thread stacks", ""),
+    "unattributed": ("unattributed", "mostly Python's small objects; estimate errors"),
+}
+
+
+def process_memory_lines(pm: Mapping[str, Any] | None) -> list[str]:
+    """The daemon's RSS by part, in MiB (Stats.process_memory_json)."""
+    if not pm or "parts" not in pm:
+        return []
+    mib = 2 ** 20
+    out = [f"process memory: RSS {int(pm['rss']) / mib:,.0f} MiB"
+           + ("" if pm.get("source") == "smaps" else
+              f"  (from {pm.get('source', '?')}: only the known parts)")]
+    buffers = pm.get("llama_buffers") or {}
+    for part, nbytes in pm["parts"].items():
+        name, what = _PROCESS_PARTS.get(part, (part.replace("_", " "), ""))
+        if part == "llama_context" and buffers:
+            what = (f"resident, of {int(pm.get('llama_context_allocated', 0)) / mib:,.0f} "
+                    "allocated: " + ", ".join(f"{k} {int(v) / mib:,.0f}"
+                                              for k, v in sorted(buffers.items())))
+        out.append(f"  {name:<20}{int(nbytes) / mib:>9,.0f} MiB" + (f"   {what}" if what else ""))
+    return [*out, ""]
+
+
 def render_table(report: Mapping[str, Any]) -> str:
     out: list[str] = []
     if report.get("generator"):
@@ -266,6 +302,7 @@ def render_table(report: Mapping[str, Any]) -> str:
     if report.get("fleet"):
         out.extend([_fleet_line(report["fleet"]["node"]), ""])
     out.extend(memory_lines(report.get("memory") or []))
+    out.extend(process_memory_lines(report.get("process_memory")))
     if not report["namespaces"]:
         return "\n".join(out + ["no namespaces yet (nothing ingested, no requests)"]) + "\n"
     for e in report["namespaces"]:

@@ -35,6 +35,7 @@ from suffixcache.store import DiskFullError, StoreClosedError
 
 from ..common.errors import EngineError, InvalidArgument, ResourceExhausted, Unavailable
 from ..engine import Engine
+from ..generation.memory import process_memory
 
 log = logging.getLogger("suffixd.service")
 
@@ -546,6 +547,7 @@ class SuffixdServicer(pb_grpc.SuffixdServicer):
                 out.fleet_json = json.dumps(fleet.status())
             for m in self.engine.memory():
                 out.memory.add(**m)
+            out.process_memory_json = json.dumps(process_memory(self.engine))
         budget = self.engine.limits.max_message_bytes // 2 - out.ByteSize()
         st = self.engine.stats(request.namespace or None, request.session_id or None,
                                request.include_sessions, request.top_documents or 10,

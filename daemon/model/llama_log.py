@@ -12,6 +12,8 @@ filters it.
 llama.cpp's INFO is its own bookkeeping (every key of the model file, buffer sizes,
 context parameters: about a hundred lines per load), so it is logged at DEBUG with its
 DEBUG lines; WARN and ERROR keep their levels, but for the warnings in ``_BENIGN``.
+Every line, whatever its level, also goes to ``llama_buffers.BUFFERS``, which keeps the
+sizes of the buffers llama.cpp makes (the process memory breakdown's ``llama_context``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import ctypes
 import logging
 import threading
 from typing import Any
+
+from .llama_buffers import BUFFERS
 
 log = logging.getLogger("suffixd.llama")
 
@@ -56,6 +60,9 @@ def _receive(level: int, text: bytes | None) -> None:
 
 def _flush(level: int, line: str) -> None:
     line = line.rstrip()
+    # every line, whatever the level: the buffers' sizes are logged at INFO (-> DEBUG)
+    with contextlib.suppress(Exception):
+        BUFFERS.observe(line)
     if level == logging.WARNING and line.startswith(_BENIGN):
         level = logging.DEBUG
     if line and log.isEnabledFor(level):

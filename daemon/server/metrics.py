@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..common.logs import event
+from ..generation.memory import process_memory
 from .datadir import write_private
 
 log = logging.getLogger("suffixd.metrics")
@@ -98,6 +99,7 @@ class EngineCollector(Collector):
             open_sessions.add_metric([ns], e.get("open_sessions", 0))
         yield from (req, gen, spec, steps, prop, acc, evict, *gauges.values(), open_sessions)
         yield from self._memory()
+        yield from self._process_memory()
         yield from self._verifier()
 
     def _memory(self) -> Iterator[Any]:
@@ -124,6 +126,39 @@ class EngineCollector(Collector):
                 g.add_metric([kind, "all"], m[f"budget_{f}"])
                 g.add_metric([kind, "per_tree"], m[f"budget_{f}_per_tree"])
         yield from (*held.values(), *budget.values())
+
+    def _process_memory(self) -> Iterator[Any]:
+        """The process's RSS by part (``suffixd stats``' process memory: the parts add up
+        to RSS), glibc's allocator and llama.cpp's buffers as allocated."""
+        pm = process_memory(self.engine)
+        if not pm:
+            return
+        parts = GaugeMetricFamily(
+            "suffixd_process_memory_bytes", "Resident memory of the daemon by part (they "
+            "add up to its RSS): model_weights, libraries, llama_context, prompt_cache, "
+            "trees, malloc_in_use, malloc_free, stacks, unattributed.", labels=["part"])
+        for part, nbytes in pm["parts"].items():
+            parts.add_metric([part], nbytes)
+        rss = GaugeMetricFamily("suffixd_process_resident_bytes",
+                                "Resident set size of the daemon process.")
+        rss.add_metric([], pm["rss"])
+        yield from (parts, rss)
+        malloc = pm.get("malloc")
+        if malloc:
+            m = GaugeMetricFamily(
+                "suffixd_malloc_bytes", "glibc's allocator (mallinfo2): in_use and free in "
+                "its arenas, mmapped (blocks mapped on their own), arenas (taken from the "
+                "system).", labels=["kind"])
+            for kind, field in (("in_use", "uordblks"), ("free", "fordblks"),
+                                ("mmapped", "hblkhd"), ("arenas", "arena")):
+                m.add_metric([kind], malloc[field])
+            yield m
+        llama = GaugeMetricFamily(
+            "suffixd_llama_buffer_bytes", "llama.cpp's buffers as allocated (KV, compute, "
+            "output; model: weights copied out of the mapped file).", labels=["kind"])
+        for kind, nbytes in sorted((pm.get("llama_buffers") or {}).items()):
+            llama.add_metric([kind], nbytes)
+        yield llama
 
     def _verifier(self) -> Iterator[Any]:
         """The colocated verifier's measured cost profile (once it is loaded)."""

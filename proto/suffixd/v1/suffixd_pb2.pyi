@@ -408,18 +408,20 @@ class NamespaceStats(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., counters: _Optional[_Union[Counters, _Mapping]] = ..., corpus: _Optional[_Union[TreeSize, _Mapping]] = ..., sessions: _Optional[_Union[TreeSize, _Mapping]] = ..., open_sessions: _Optional[int] = ..., top_documents: _Optional[_Iterable[_Union[DocumentStat, _Mapping]]] = ..., session_stats: _Optional[_Iterable[_Union[SessionStats, _Mapping]]] = ..., **kwargs) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("namespaces", "fleet_json", "next_page_token", "namespaces_total", "memory")
+    __slots__ = ("namespaces", "fleet_json", "next_page_token", "namespaces_total", "memory", "process_memory_json")
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     FLEET_JSON_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     NAMESPACES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_MEMORY_JSON_FIELD_NUMBER: _ClassVar[int]
     namespaces: _containers.RepeatedCompositeFieldContainer[NamespaceStats]
     fleet_json: str
     next_page_token: str
     namespaces_total: int
     memory: _containers.RepeatedCompositeFieldContainer[TreeMemory]
-    def __init__(self, namespaces: _Optional[_Iterable[_Union[NamespaceStats, _Mapping]]] = ..., fleet_json: _Optional[str] = ..., next_page_token: _Optional[str] = ..., namespaces_total: _Optional[int] = ..., memory: _Optional[_Iterable[_Union[TreeMemory, _Mapping]]] = ...) -> None: ...
+    process_memory_json: str
+    def __init__(self, namespaces: _Optional[_Iterable[_Union[NamespaceStats, _Mapping]]] = ..., fleet_json: _Optional[str] = ..., next_page_token: _Optional[str] = ..., namespaces_total: _Optional[int] = ..., memory: _Optional[_Iterable[_Union[TreeMemory, _Mapping]]] = ..., process_memory_json: _Optional[str] = ...) -> None: ...
 
 class TreeMemory(_message.Message):
     __slots__ = ("kind", "trees", "tokens", "bytes", "budget_tokens", "budget_bytes", "budget_tokens_per_tree", "budget_bytes_per_tree")
