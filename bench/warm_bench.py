@@ -74,8 +74,8 @@ def run_warm(corpus: Path, data_dir: Path, roles: str) -> tuple[dict[str, object
 
 def components(corpus: Path, roles: str) -> dict[str, object]:
     """The same units through each stage alone, in this process, one thread each."""
+    from suffixd.cli.corpus.units import load_file, walk
     from suffixd.daemon.common.config import CacheConfig
-    from suffixd.daemon.corpus.units import load_file, walk
     from suffixd.daemon.model import Tokenizer, embedded_model_path
 
     from suffixcache.cache import SuffixCache

@@ -1,6 +1,6 @@
 """``suffixd warm``: ingest a folder into a namespace's corpus tree through the daemon.
 
-The client walks, hashes and splits files (suffixd.daemon.corpus.units) and streams the
+The client walks, hashes and splits files (suffixd.cli.corpus.units) and streams the
 units' text; the daemon tokenizes and stores them. Idempotent: files are keyed
 by absolute path with a content hash, so unchanged files are never sent, changed
 ones replace their old sequences, and files gone from the folder are dropped.
@@ -24,8 +24,7 @@ import grpc
 # connection_options, describe_error, resolve_target: shared with the other client
 # commands (cli/common.py), still importable from here.
 from suffixd.cli.common import connection_options, describe_error, resolve_target  # noqa: F401
-from suffixd.client.errors import SuffixdError
-from suffixd.daemon.corpus.units import (
+from suffixd.cli.corpus.units import (
     CorpusFile,
     SkipFile,
     batch_units,
@@ -35,6 +34,7 @@ from suffixd.daemon.corpus.units import (
     relative_key,
     walk,
 )
+from suffixd.client.errors import SuffixdError
 
 # Characters of unit text per WarmFiles request: one request is one LMDB transaction;
 # big enough to amortise the fsync, small enough to keep the pipeline busy and the
@@ -260,7 +260,7 @@ class Warmer:
                 for sub_rel, sub in walk(p, self.includes, self.excludes):
                     upserts[self.key(f"{rel}/{sub_rel}")] = sub
             elif p.is_file():
-                from suffixd.daemon.corpus.units import matches
+                from suffixd.cli.corpus.units import matches
 
                 if matches(rel, self.includes, self.excludes):
                     upserts[self.key(rel)] = p
@@ -361,7 +361,7 @@ def warm(
     watching = False
     try:
         if watch:
-            from suffixd.daemon.corpus.watch import CorpusWatcher, Debouncer
+            from suffixd.cli.corpus.watch import CorpusWatcher, Debouncer
 
             # Started before the first pass, so changes made during it are not missed.
             watcher = CorpusWatcher(warmer.root, includes, excludes,

@@ -9,7 +9,6 @@
   fronts (KV slots, sampling, cost measurement, certification, draft model, chat);
 * ``engine``: the daemon's state without gRPC or a model: sessions, ingest, drafting,
   counters, budgets, trees, corpus documents;
-* ``corpus``, ``model``: corpus files into units (and watching a folder); the GGUF file,
-  how llama.cpp loads it, its tokenizer;
+* ``model``: the GGUF file, how llama.cpp loads it, its tokenizer;
 * ``common``: limits and defaults, the engine's errors, structured log lines.
 """

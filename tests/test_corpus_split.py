@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from suffixd.daemon.corpus import units as corpus
-from suffixd.daemon.corpus.units import (
+from suffixd.cli.corpus import units as corpus
+from suffixd.cli.corpus.units import (
     SkipFile,
     Unit,
     batch_units,

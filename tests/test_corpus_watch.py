@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from suffixd.daemon.corpus.watch import CorpusWatcher, Debouncer
+from suffixd.cli.corpus.watch import CorpusWatcher, Debouncer
 
 
 class FakeClock:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from suffixd.daemon.corpus.units import split_sql
+from suffixd.cli.corpus.units import split_sql
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -22,7 +22,7 @@ DAEMON_LAYERS: list[set[str]] = [
     {"server"},
     {"grpc_api", "http_api", "fleet"},
     {"generation", "engine"},
-    {"corpus", "model"},
+    {"model"},
     {"common"},
 ]
 
@@ -40,7 +40,7 @@ FORBIDDEN_EXTERNAL = {
     "suffixcache": {"grpc", "llama_cpp", "starlette", "uvicorn", "redis"},
     "suffixd.daemon.engine": {"grpc", "llama_cpp", "starlette", "uvicorn"},
     "suffixd.daemon.common": {"grpc", "llama_cpp", "starlette", "uvicorn", "redis"},
-    "suffixd.daemon.corpus": {"grpc", "llama_cpp", "starlette", "uvicorn", "redis"},
+    "suffixd.cli.corpus": {"grpc", "llama_cpp", "starlette", "uvicorn", "redis"},
 }
 
 

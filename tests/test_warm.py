@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from suffixd.cli.corpus.units import content_hash
 from suffixd.cli.warm import warm
-from suffixd.daemon.corpus.units import content_hash
 from suffixd.v1 import corpus_pb2, corpus_pb2_grpc
 
 SQL_A = "SELECT zorblax_quux_total , wibble_name FROM frobnicator_table WHERE wibble_id = 4242 ;"

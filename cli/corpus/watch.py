@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from suffixd.daemon.corpus.units import matches, relative_key
+from suffixd.cli.corpus.units import matches, relative_key
 
 Op = Literal["upsert", "delete"]
 
