@@ -11,6 +11,7 @@ import ast
 import json
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 import hypothesis.strategies as st
@@ -539,16 +540,19 @@ def test_generic_system_prompt() -> None:
 
 
 def test_stands_alone() -> None:
-    # Standard library only: no grpc, llama_cpp, starlette, nor the rest of suffixd.
-    import suffixd.daemon.http_api.tool_calls as module
+    # Standard library only: no grpc, llama_cpp, starlette, nor the rest of suffixd. The
+    # package's modules import each other (relative, level 1): those imports stay inside.
+    import suffixd.daemon.http_api.tool_calls as package
 
-    assert module.__file__ is not None
-    with open(module.__file__, encoding="utf-8") as f:
-        tree = ast.parse(f.read())
+    assert package.__file__ is not None
+    modules = sorted(Path(package.__file__).parent.glob("*.py"))
+    assert len(modules) > 1
     imported = {
         (node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Import | ast.ImportFrom)
+        for module in modules
+        for node in ast.walk(ast.parse(module.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Import)
+        or (isinstance(node, ast.ImportFrom) and node.level != 1)
         for alias in node.names
     }
     roots = {name.split(".")[0] for name in imported}

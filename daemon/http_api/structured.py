@@ -5,7 +5,7 @@ Interface:
 
 * ``parse_structure(body, chat)`` -> ``Structure`` (400s for what is malformed);
 * ``Structure.settle(template)`` once the model is known: the call format its chat
-  template writes (tool_calls.py: Hermes/Qwen, Llama 3.x JSON, Mistral, or the generic
+  template writes (tool_calls/: Hermes/Qwen, Llama 3.x JSON, Mistral, or the generic
   JSON format for templates without tool support, the embedded gemma-3 among them);
 * ``Structure.messages(messages, replies)`` -> the messages (and ``tools``) the chat
   template renders; ``Structure.grammar()`` -> the GBNF that constrains the output, or
