@@ -29,7 +29,7 @@ from typing import Any
 from suffixd.client import Client, SuffixdError
 
 MIB = 1 << 20
-PART_NAMES = ("model_weights", "libraries", "llama_context", "prompt_cache", "trees",
+PART_NAMES = ("model_weights", "store", "libraries", "llama_context", "prompt_cache", "trees",
               "malloc_in_use", "malloc_free", "stacks", "unattributed")
 
 
@@ -148,8 +148,8 @@ def flat(samples: Sequence[dict[str, Any]], end_s: float, window_s: float,
         "growth_mib": round(growth, 1), "limit_mib": round(limit, 1),
         "vm_rss_growth_mib": round(slope(vm) * span, 1) if len(vm) >= 2 else None,
         "growth_by_part_mib": parts,
-        "rule": f"least-squares RSS slope x {window_s / 60:g} min <= max({abs_mib:g} MiB, "
-                f"{100 * rel:g}% of the window's mean RSS)",
+        "rule": f"least-squares RSS slope x {round(window_s / 60, 1):g} min <= "
+                f"max({abs_mib:g} MiB, {100 * rel:g}% of the window's mean RSS)",
     }
 
 
@@ -166,8 +166,9 @@ def markdown(report: dict[str, Any]) -> str:
         grew = ", ".join(f"{p} {g:+.1f}" for p, g in v["growth_by_part_mib"].items() if g)
         out.append(
             f"* node {node}: **{'flat' if v['flat'] else 'NOT flat'}** over the last "
-            f"{v['window_s'] / 60:g} min ({v['samples']} samples): RSS {v['rss_first']:.0f} -> "
-            f"{v['rss_last']:.0f} MiB (range {v['rss_min']:.0f}-{v['rss_max']:.0f}), trend "
+            f"{round(v['window_s'] / 60, 1):g} min ({v['samples']} samples): RSS "
+            f"{v['rss_first']:.0f} -> {v['rss_last']:.0f} MiB (range {v['rss_min']:.0f}-"
+            f"{v['rss_max']:.0f}), trend "
             f"{v['growth_mib']:+.1f} MiB against a limit of {v['limit_mib']:.1f}; by part: "
             f"{grew or 'none'}")
     rule = next((v["rule"] for v in (report.get("verdicts") or {}).values() if "rule" in v), "")

@@ -264,6 +264,7 @@ def memory_lines(memory: list[Mapping[str, Any]]) -> list[str]:
 # The process memory's parts as `suffixd stats` names them, and what each one is.
 _PROCESS_PARTS = {
     "model_weights": ("model weights", "the GGUF files, mapped"),
+    "store": ("store", "the LMDB file, mapped: pages used lately"),
     "libraries": ("libraries", "other mapped files: the interpreter, shared libraries"),
     "llama_context": ("llama.cpp context", ""),
     "prompt_cache": ("prompt cache", "KV checkpoints of prompt prefixes"),

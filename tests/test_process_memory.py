@@ -54,6 +54,7 @@ SMAPS = "".join([
     _vma(BASE + 9 * HEAP, BASE + 9 * HEAP + MIB, "r--p", "/m/gemma-3.gguf", 100),
     _vma(BASE + 10 * HEAP, BASE + 10 * HEAP + 2 * MIB, "r-xp", "/usr/lib/libc.so.6 (deleted)",
          1200),
+    _vma(BASE + 11 * HEAP, BASE + 12 * HEAP, "rw-s", "/d/store/data.mdb", 3 * 1024),
     _vma(0x7FFC_0000_0000, 0x7FFC_0002_1000, "rw-p", "[stack]", 132),
     _vma(0x7FFC_0003_0000, 0x7FFC_0003_2000, "r--p", "[vvar]", 0),
 ])
@@ -61,15 +62,16 @@ SMAPS = "".join([
 
 def test_smaps_summary_attributes_each_mapping() -> None:
     maps = pm.parse_smaps(SMAPS)
-    assert len(maps) == 16
+    assert len(maps) == 17
     assert maps[1].path == "[heap]" and maps[1].rss == 20 * MIB
-    assert maps[-3].path == "/usr/lib/libc.so.6 (deleted)"
+    assert maps[-4].path == "/usr/lib/libc.so.6 (deleted)"
     s = pm.summarize(maps)
     assert s.rss == sum(m.rss for m in maps)
     assert s.model_weights == 235 * MIB + 100 * 1024
     assert s.model_files == ["/m/gemma-3.gguf"]
     assert s.libraries == (900 + 1200) * 1024
-    assert s.anonymous == s.rss - s.model_weights - s.libraries
+    assert s.store == 3 * MIB
+    assert s.anonymous == s.rss - s.model_weights - s.libraries - s.store
     # [heap], the arena heap, the full heap and the merged one; not the stack nor the
     # mapping above the large reservation
     assert s.malloc_arenas == (20 + 2 + 30 + 5) * MIB
@@ -303,7 +305,7 @@ def test_suffixd_stats_shows_the_process_memory(daemon: Any) -> None:
     res = CliRunner().invoke(stats, ["--socket", sock], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "process memory: RSS " in res.output
-    for name in ("model weights", "llama.cpp context", "prompt cache", "suffix trees",
+    for name in ("model weights", "store", "llama.cpp context", "prompt cache", "suffix trees",
                  "malloc in use", "malloc free held", "thread stacks", "unattributed"):
         assert f"\n  {name} " in res.output, name
     pm0 = report()

@@ -7,6 +7,9 @@ The parts (bytes resident), in the order they are attributed:
 
 * ``model_weights``: the GGUF files mapped (the model's weights; file-backed pages the
   kernel may drop and read again, but resident while they are in use);
+* ``store``: the LMDB store's file mapped (``data.mdb``: the pages read or written
+  lately; file-backed, so the kernel takes them back under pressure, but resident until
+  then, and more of them as the store grows);
 * ``libraries``: every other file-backed page (the interpreter, shared libraries);
 * ``llama_context``: llama.cpp's context buffers (KV cache, compute and output buffers,
   weights repacked into buffers of their own), as llama.cpp sized them when it made them
@@ -57,8 +60,9 @@ HEAP_MAX = 64 << 20
 # default; some runtimes ask for more). Larger ---p regions are not guards.
 MAX_GUARD = 64 << 10
 MODEL_SUFFIXES = (".gguf",)
+STORE_SUFFIXES = ("/data.mdb", "/lock.mdb")  # LMDB's files (suffixcache/store.py)
 
-PARTS = ("model_weights", "libraries", "llama_context", "prompt_cache", "trees",
+PARTS = ("model_weights", "store", "libraries", "llama_context", "prompt_cache", "trees",
          "malloc_in_use", "malloc_free", "stacks", "unattributed")
 
 _HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) \S+ \S+ \S+(?:\s+(.*))?$")
@@ -119,6 +123,7 @@ class SmapsSummary:
 
     rss: int = 0
     model_weights: int = 0
+    store: int = 0  # LMDB's files
     libraries: int = 0  # every other file-backed resident page
     anonymous: int = 0  # rss - the file-backed pages
     malloc_arenas: int = 0  # [heap] and the thread arenas' heaps
@@ -127,9 +132,10 @@ class SmapsSummary:
 
 
 def summarize(maps: list[Mapping], model_suffixes: Iterable[str] = MODEL_SUFFIXES,
-              ) -> SmapsSummary:
-    """Resident bytes by kind: model files, other files, malloc arenas, stacks."""
+              store_suffixes: Iterable[str] = STORE_SUFFIXES) -> SmapsSummary:
+    """Resident bytes by kind: model files, the store, other files, malloc arenas, stacks."""
     suffixes = tuple(model_suffixes)
+    store = tuple(store_suffixes)
     out = SmapsSummary()
     maps = sorted(maps, key=lambda m: m.start)
     arenas = _arena_indices(maps)
@@ -141,6 +147,8 @@ def summarize(maps: list[Mapping], model_suffixes: Iterable[str] = MODEL_SUFFIXE
                 out.model_weights += m.rss
                 if m.path not in out.model_files:
                     out.model_files.append(m.path)
+            elif m.path.endswith(store):
+                out.store += m.rss
             else:
                 out.libraries += m.rss
             continue
@@ -330,7 +338,8 @@ def breakdown(smaps: SmapsSummary | None, malloc: MallocInfo | None, known: Know
     llama = known.llama_context if known.llama_context_resident is None else min(
         known.llama_context, known.llama_context_resident)
     parts = dict.fromkeys(PARTS, 0)
-    parts.update(model_weights=s.model_weights, libraries=s.libraries, llama_context=llama,
+    parts.update(model_weights=s.model_weights, store=s.store, libraries=s.libraries,
+                 llama_context=llama,
                  prompt_cache=known.prompt_cache, trees=known.trees, stacks=s.stacks)
     if malloc is not None:
         in_use = malloc.uordblks + malloc.hblkhd

@@ -135,7 +135,7 @@ class EngineCollector(Collector):
             return
         parts = GaugeMetricFamily(
             "suffixd_process_memory_bytes", "Resident memory of the daemon by part (they "
-            "add up to its RSS): model_weights, libraries, llama_context, prompt_cache, "
+            "add up to its RSS): model_weights, store, libraries, llama_context, prompt_cache, "
             "trees, malloc_in_use, malloc_free, stacks, unattributed.", labels=["part"])
         for part, nbytes in pm["parts"].items():
             parts.add_metric([part], nbytes)
