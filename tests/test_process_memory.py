@@ -326,3 +326,50 @@ def test_suffixd_stats_shows_the_process_memory(daemon: Any) -> None:
     assert pm1["parts"]["llama_context"] >= pm1["llama_buffers"]["KV"]
     assert pm1["parts"]["model_weights"] > 100 * MIB  # the embedded gemma-3-270m, mapped
     assert pm1["smaps"]["model_files"][0].endswith(".gguf")
+
+
+def test_malloc_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
+    from suffixd.daemon.server import malloc_tuning as mt
+
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(mt, "mallopt", lambda param, value: calls.append((param, value)) or True)
+    for name in ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES",
+                 "SUFFIXD_MALLOC_ARENA_MAX", "SUFFIXD_MALLOC_MMAP_THRESHOLD_KB"):
+        monkeypatch.delenv(name, raising=False)
+    assert mt.tune() == {"arena_max": 4, "mmap_threshold": 4 << 20}
+    assert calls == [(pm.M_ARENA_MAX, 4), (pm.M_MMAP_THRESHOLD, 4 << 20)]
+    # glibc's own settings win; 0 leaves glibc's default
+    calls.clear()
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
+    monkeypatch.setenv("SUFFIXD_MALLOC_MMAP_THRESHOLD_KB", "0")
+    assert mt.tune() == {} and calls == []
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    assert mt.tune() == {}
+    monkeypatch.setenv("GLIBC_TUNABLES", "")
+    monkeypatch.setenv("SUFFIXD_MALLOC_ARENA_MAX", "two")  # not a number: the default
+    assert mt.tune() == {"arena_max": 4}
+
+
+def test_trimmer_thread_stops_with_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from suffixd.daemon.server import malloc_tuning as mt
+
+    trimmed = threading.Event()
+    monkeypatch.setattr(mt, "malloc_trim", lambda: bool(trimmed.set()))
+    monkeypatch.setattr(mt, "mallinfo", lambda: object())
+    monkeypatch.setenv("SUFFIXD_MALLOC_TRIM_S", "0.01")
+    closed: list[bool] = []
+    engine = SimpleNamespace(close=lambda: closed.append(True))
+    assert mt.register(None, engine) == []
+    assert trimmed.wait(5)
+    thread = engine.malloc_trimmer._thread
+    assert thread.name == "suffixd-malloc-trim" and thread.is_alive()
+    engine.close()
+    assert closed == [True] and not thread.is_alive()
+    assert engine.malloc_trimmer.trims >= 1
+    # off: no thread
+    monkeypatch.setenv("SUFFIXD_MALLOC_TRIM_S", "0")
+    other = SimpleNamespace(close=lambda: None)
+    assert mt.register(None, other) == [] and not hasattr(other, "malloc_trimmer")

@@ -46,6 +46,7 @@ from grpc_reflection.v1alpha import reflection
 
 from ..common.config import default_socket_path
 from ..grpc_api.registrar import ServiceRegistrar
+from . import malloc_tuning
 from .auth import BearerTokenInterceptor
 from .datadir import DataDirLock, check_store_dir, owner_only, write_private
 from .loop_server import LoopServer
@@ -65,6 +66,7 @@ EXTRA_SERVICES: list[str] = [
     "suffixd.daemon.server.metrics:register",
     "suffixd.daemon.grpc_api.generate_service:register",
     "suffixd.daemon.server.history:register",
+    "suffixd.daemon.server.malloc_tuning:register",
 ]
 # ---------------------------------------------------------------------------------------
 GENERATOR_SERVICE = "suffixd.v1.Generator"  # NOT_SERVING in gRPC health until ready
@@ -306,6 +308,9 @@ def run(cfg: ServeConfig, ready: Callable[[list[Listener]], None] | None = None)
     from ..engine import Engine
 
     started = time.monotonic()
+    # Before the daemon's threads exist: the arena cap applies to arenas made later
+    # (daemon/server/malloc_tuning.py: what held RSS growing under a soak's load).
+    malloc_tuning.tune()
     # From the start: a SIGTERM during start-up (the store opening, the trees loading)
     # ends it cleanly too, instead of Python's default of dying mid-write.
     stop = threading.Event()
