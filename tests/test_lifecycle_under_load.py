@@ -189,7 +189,7 @@ def test_the_measurement_never_takes_the_model_from_a_request(tmp_path: Path) ->
             # sampled, so that drafts rarely pay: seconds of steps back to back, longer
             # than the measurement took before (a batch per quarter second in them)
             t0 = time.monotonic()
-            chunks = c.generate(None, prompt="SELECT name FROM singer WHERE", max_tokens=900,
+            chunks = c.generate(None, prompt="SELECT name FROM singer WHERE", max_tokens=450,
                                 temperature=1.0, seed=7, ignore_eos=True)
             for n, chunk in enumerate(chunks):
                 if n % 8 == 0 and chunk.finish_reason is None:
