@@ -172,9 +172,12 @@ def _generator_lines(g: Mapping[str, Any]) -> list[str]:
                    f"{d['not_drafting']}")
     elif d:
         out.append(
-            f"  draft model: drafted at {d['used']:,} steps, declined {d['skipped']:,} "
+            f"  draft model {d.get('path', '(given)')}: drafted at {d['used']:,} steps, "
+            f"declined {d['skipped']:,} "
             f"(probes {d['probes']:,}); acceptance {d['acceptance']:.2f}; now plans "
             f"{d['planned_k']} tokens, expected {d['expected_speedup']:.2f}x plain decoding"
+            + (" (provisional costs until the verifier's are measured)"
+               if d.get("costs") == "provisional" else "")
         )
     else:
         out.append("  draft model: none (--draft-model)")

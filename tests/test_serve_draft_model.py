@@ -42,6 +42,36 @@ def test_draft_model_with_the_targets_vocabulary_is_accepted(daemon_factory: Any
     assert d["draft_ms_per_token"] > 0 and "1" in d["verify_ms"]
 
 
+def test_the_draft_model_drafts_before_any_cost_measurement(daemon_factory: Any) -> None:
+    """A daemon whose verifier costs are never measured (SUFFIXD_COST_ROUNDS=0, as a busy
+    daemon's measurement may not end for a long time) still drafts with the draft model
+    from its first request, on provisional costs, and stats say so. Before, the draft
+    model waited for the measurement: never used."""
+    target = str(embedded_model_path())
+    proc = daemon_factory(args=["--draft-model", target], env={"SUFFIXD_COST_ROUNDS": "0"})
+    client = proc.client()
+    # a prompt with nothing in the trees: each step is the draft model's to draft or not
+    for _ in client.generate(None, prompt="Once upon a time", max_tokens=12):
+        pass
+    status = client.generator_status()
+    assert status["cost_profile_source"] == "conservative", status
+    client.close()
+    out = subprocess.run(
+        [sys.executable, "-m", "suffixd.cli.main", "stats", "--address", proc.socket],
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if "draft model" in x)
+    assert target in line and "provisional costs" in line, out.stdout
+    js = subprocess.run(
+        [sys.executable, "-m", "suffixd.cli.main", "stats", "--json", "--address", proc.socket],
+        capture_output=True, text=True, timeout=60)
+    d = json.loads(js.stdout)["generator"]["draft_model"]
+    # every step without a tree draft was the policy's to decide (here it declines: the
+    # draft model is the target itself, as dear per token as a decode)
+    assert d["costs"] == "provisional" and d["used"] + d["skipped"] >= 1, d
+    assert d["draft_ms_per_token"] > 0 and d["verify_ms"]["2"] > d["verify_ms"]["1"], d
+
+
 def test_unloadable_draft_model_is_refused_clearly(daemon_factory: Any, tmp_path: Path) -> None:
     bogus = tmp_path / "not-a-model.gguf"
     bogus.write_bytes(b"this is not a GGUF file")

@@ -309,6 +309,22 @@ class CostMeasurement:
         one = self.cost_seconds[min(self.cost_seconds)]
         return {k: round(self.cost_seconds[k] / one, 3) for k in ks}
 
+    def one_token_seconds(self: _Host, reps: int = 3, context: int = 64) -> float:
+        """One token's decode after a short context, the fastest of ``reps``: a figure
+        for a provisional plan (the draft model's, before the profile is measured) in a
+        fraction of a second, where the full measurement takes seconds to minutes."""
+        key = "\x00one-token"
+        base = [self.bos_token] + [(7 * i + 100) % self.vocab_size for i in range(context - 1)]
+        times: list[float] = []
+        try:
+            while len(times) < reps:
+                timed = CostMeasurement._timed_batch(self, key, base, 1, 1)
+                if timed is not None:
+                    times.append(timed[0])
+        finally:
+            self.forget(key)
+        return min(times)
+
     def _timed_batch(self: _Host, key: str, base: list[int], k: int,
                      j: int) -> tuple[float, float | None] | None:
         """One timed batch of ``j`` tokens (logits for ``k`` rows) after ``base`` on the

@@ -136,6 +136,16 @@ class AdaptiveDrafter:
         self._since_probe = 0
         self._lock = threading.Lock()
         self.counts = {"used": 0, "skipped": 0, "probes": 0, "drafted": 0, "accepted": 0}
+        # "measured": both models' costs timed; "provisional": see provisional()
+        self.costs = "measured"
+
+    def carry_from(self, earlier: AdaptiveDrafter) -> None:
+        """Keep what an earlier policy of this daemon learned (acceptance, its counts):
+        new costs change the plan, not what the draft model was seen to get right."""
+        with earlier._lock:
+            hits, trials, counts = earlier._hits, earlier._trials, dict(earlier.counts)
+        with self._lock:
+            self._hits, self._trials, self.counts = hits, trials, counts
 
     @property
     def acceptance(self) -> float:
@@ -205,6 +215,7 @@ class AdaptiveDrafter:
                 "verify_ms": {k_: round(v * 1000, 3) for k_, v in self.verify_seconds.items()},
                 "planned_k": k,
                 "expected_speedup": round(gain, 3),
+                "costs": self.costs,
             }
 
 
@@ -214,6 +225,27 @@ def draft_seconds_per_token(target: Verifier, draft_model: DraftModel) -> float:
     ctx = [target.bos_token] + [(13 * i + 200) % target.vocab_size for i in range(127)]
     with target._turns:
         return draft_model.seconds_per_token(ctx)
+
+
+# Until the verifier's profile is measured, verifying k tokens is taken to cost
+# 1 + PROVISIONAL_ROW * (k - 1) one-token decodes: dearer than any CPU profile measured
+# here (0.33-0.39 per extra row for gemma-3-270m on 2 cores), so that a provisional plan
+# drafts only where the draft model clearly pays.
+PROVISIONAL_ROW = 0.5
+
+
+def provisional(target: Verifier, draft_model: DraftModel,
+                max_tokens: int = 8) -> AdaptiveDrafter:
+    """The draft model's policy before the verifier's costs are measured (a busy daemon
+    may not measure for a long time, and one with SUFFIXD_COST_ROUNDS=0 never does):
+    one token of each model timed now, in well under a second, and verification priced
+    conservatively (PROVISIONAL_ROW). Acceptance is learned as with measured costs."""
+    one = target.one_token_seconds()
+    verify = {k: one * (1 + PROVISIONAL_ROW * (k - 1)) for k in range(1, max_tokens + 2)}
+    policy = AdaptiveDrafter(draft_model.draft, verify,
+                             draft_seconds_per_token(target, draft_model), max_tokens)
+    policy.costs = "provisional"
+    return policy
 
 
 def measure(target: Verifier, draft_model: DraftModel, max_tokens: int = 8,

@@ -47,7 +47,13 @@ from .chat import ChatRenderer
 from .cost_measure import MAX_PROFILE_ROUNDS, MeasurementStopped
 from .cost_store import FILE_NAME as COST_FILE
 from .cost_store import ProfileStore, StoredCosts, profile_key
-from .draft_model import AdaptiveDrafter, DraftModel, draft_seconds_per_token, measure
+from .draft_model import (
+    AdaptiveDrafter,
+    DraftModel,
+    draft_seconds_per_token,
+    measure,
+    provisional,
+)
 from .step_batch import Stopping
 from .verifier import Chunk, GenerateParams, Verifier
 
@@ -162,6 +168,12 @@ class Runtime:
         else:
             log.info("verifier costs: none usable in the data dir (%s); serving with "
                      "conservative costs while measuring them", why)
+        if self.draft_model is not None and self.fallback is None:
+            # drafting from the first request, not once a measurement that a busy daemon
+            # may never finish has ended
+            self.fallback = provisional(self.verifier, self.draft_model)
+            log.info("draft model policy, provisional until the verifier's costs are "
+                     "measured: %s", self.fallback.stats())
 
     def _store(self, engine: Any, model: Path, n_gpu_layers: int,
                draft_path: Any) -> ProfileStore | None:
@@ -191,8 +203,11 @@ class Runtime:
         self.engine.drafter.set_cost_profile(CostProfile.from_json(self.cost_profile))
         log.info("verifier cost profile (relative to 1 token): %s", self.cost_profile)
         if self.draft_model is not None:
-            self.fallback = measure(self.verifier, self.draft_model,
-                                    draft_seconds=costs.draft_seconds_per_token)
+            policy = measure(self.verifier, self.draft_model,
+                             draft_seconds=costs.draft_seconds_per_token)
+            if self.fallback is not None:
+                policy.carry_from(self.fallback)
+            self.fallback = policy
             log.info("draft model policy: %s", self.fallback.stats())
 
     def measure(self) -> None:
