@@ -46,8 +46,17 @@ dirs of their own); ``--no-fleet`` starts node a alone. For ``--minutes`` it run
 Sessions rotate (a session is closed, its responses kept, once it holds
 ``--session-tokens``; an automatic session of the OpenAI front is closed once its
 namespace holds ``--auto-sessions``) so the global trees fill and their budget
-(``--global-budget``, small so it is reached within minutes) evicts: each node's RSS
-should then be flat. The HTTP clients need httpx and jsonschema (the ``test`` extra).
+(``--global-budget``, small so it is reached within minutes) evicts, and the daemons'
+prompt caches have a small budget too (``--prompt-cache-mb``): each node's RSS should
+then be flat. Every ``--memory-interval`` seconds each node's RSS and its parts (Stats'
+process memory: model weights, store, libraries, llama.cpp's context, prompt cache,
+trees, malloc in use, malloc's free memory held, stacks, unattributed) are sampled
+(bench/rss_watch.py), and RSS must be flat over the run's last ``--flat-window`` minutes
+(at most a third of the run): its least-squares trend over them at most the larger of
+``--flat-mib`` (16) and ``--flat-pct`` (2) percent of its mean there (a failure with
+``--require-flat``); the trend of each part says which one grew. ``--memory-report``
+writes the samples and the verdicts as markdown. The HTTP clients need httpx and
+jsonschema (the ``test`` extra).
 
 Every reply that acknowledged an append records the session's acknowledged length. At
 the end both nodes are killed with SIGKILL while the clients are still running, restarted
@@ -69,7 +78,10 @@ Not part of CI (minutes of two cores):
                          [--no-generate] [--schema-share 0.15] [--schema-in both]
                          [--refusal-bound 5] [--events-every 120]
                          [--sigterm-share 0.5] [--early-share 0.3] [--early-window 4]
-                         [--rss-budget-mib 1536] [--seed 0] [--data-dir DIR] [--json out.json]
+                         [--rss-budget-mib 1536] [--prompt-cache-mb 64]
+                         [--memory-interval 30] [--flat-window 20] [--flat-mib 16]
+                         [--flat-pct 2] [--require-flat] [--memory-report memory.md]
+                         [--seed 0] [--data-dir DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -1329,9 +1341,9 @@ def main() -> None:
                     "second stop comes (start-up takes 1-3 s, then the model loads).")
     ap.add_argument("--rss-budget-mib", type=float, default=1536.0,
                     help="Each node's RSS budget: the peak (VmHWM) of every process of it.")
-    ap.add_argument("--prompt-cache-mb", type=int, default=256,
+    ap.add_argument("--prompt-cache-mb", type=int, default=64,
                     help="The daemons' --prompt-cache-mb (its budget; small, so it is "
-                    "reached within minutes).")
+                    "reached within minutes: ~5 MiB a minute of checkpoints come).")
     ap.add_argument("--memory-interval", type=float, default=30.0,
                     help="Seconds between samples of each node's RSS and its parts "
                     "(Stats' process memory).")

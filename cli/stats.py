@@ -295,6 +295,10 @@ def process_memory_lines(pm: Mapping[str, Any] | None) -> list[str]:
             what = (f"resident, of {int(pm.get('llama_context_allocated', 0)) / mib:,.0f} "
                     "allocated: " + ", ".join(f"{k} {int(v) / mib:,.0f}"
                                               for k, v in sorted(buffers.items())))
+        trim = pm.get("malloc_trim")
+        if part == "malloc_free" and trim:
+            what += (f"; trimmed every {trim['interval_s']:g} s ({trim['trims']:,} times, "
+                     f"{1e3 * trim['seconds']:,.0f} ms in all)")
         out.append(f"  {name:<20}{int(nbytes) / mib:>9,.0f} MiB" + (f"   {what}" if what else ""))
     return [*out, ""]
 

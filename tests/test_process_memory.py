@@ -228,6 +228,10 @@ def test_stats_renders_the_process_memory() -> None:
     assert "process memory: RSS 463 MiB" in table
     assert "(from status" in "\n".join(process_memory_lines({**_report(parts),
                                                              "source": "status"}))
+    trimmed = process_memory_lines({**_report(parts), "malloc_trim": {
+        "interval_s": 30.0, "trims": 12, "seconds": 0.0421}})
+    assert any(line.startswith("  malloc free held") and line.endswith(
+        "; trimmed every 30 s (12 times, 42 ms in all)") for line in trimmed)
 
 
 def test_prometheus_gauges_by_part(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -313,6 +317,7 @@ def test_suffixd_stats_shows_the_process_memory(daemon: Any) -> None:
     vm = pm.vm_rss(str(pid))
     assert vm is not None and abs(pm0["rss"] - vm) < 0.3 * vm
     assert pm0["parts"]["llama_context"] == 0 and pm0["parts"]["model_weights"] == 0
+    assert pm0["malloc_trim"]["interval_s"] == 30  # the trimmer runs (malloc_tuning)
 
     list(daemon.generate(None, prompt="Hello", max_tokens=2))  # loads the model
     import time

@@ -49,4 +49,8 @@ def process_memory(engine: Any) -> dict[str, Any]:
         log.exception("process memory: measuring failed")
         return {}
     out["llama_buffers"] = BUFFERS.allocated()
+    trimmer = getattr(engine, "malloc_trimmer", None)  # daemon/server/malloc_tuning.py
+    if trimmer is not None:
+        out["malloc_trim"] = {"interval_s": trimmer.interval_s, "trims": trimmer.trims,
+                              "seconds": round(trimmer.seconds, 3)}
     return out
