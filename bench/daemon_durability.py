@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from daemon_harness import load_responses, start_daemon, stop_daemon
+from daemon_harness import load_responses, start_daemon
 
 
 def ingest(target: str, seqs: list[list[int]], batch_tokens: int,
@@ -64,29 +63,29 @@ def bench_restart(tokens: int, batch_tokens: int) -> None:
     budget = str(int(total * 1.2))
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "data"
-        proc, target, first_start = start_daemon(data_dir, "--global-budget-tokens", budget)
-        n, dt = ingest(target, seqs, batch_tokens)
-        stop_daemon(proc)
+        d = start_daemon(data_dir, "--global-budget-tokens", budget)
+        first_start = d.started_s
+        n, dt = ingest(d.target, seqs, batch_tokens)
+        d.stop(60)
         t0 = time.perf_counter()
-        proc, target, restart = start_daemon(data_dir, "--global-budget-tokens", budget)
+        d = start_daemon(data_dir, "--global-budget-tokens", budget)
+        restart = d.started_s
         from suffixd.client import Client
 
-        c = Client(target)
+        c = Client(d.target)
         while c.info()["rebuilding"]:
             time.sleep(0.05)
         rebuilt = time.perf_counter() - t0
         st = c.stats("restart")["namespaces"][0]
         c.close()
-        stop_daemon(proc)
-        proc, target, restart_blocking = start_daemon(data_dir, "--global-budget-tokens", budget,
-                                                      "--rebuild", "blocking")
-        stop_daemon(proc)
-        proc, target, restart_kill = start_daemon(data_dir, "--global-budget-tokens", budget)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        proc, target, restart_after_kill9 = start_daemon(data_dir, "--global-budget-tokens",
-                                                         budget)
-        stop_daemon(proc)
+        d.stop(60)
+        d = start_daemon(data_dir, "--global-budget-tokens", budget, "--rebuild", "blocking")
+        restart_blocking = d.started_s
+        d.stop(60)
+        start_daemon(data_dir, "--global-budget-tokens", budget).kill9()
+        d = start_daemon(data_dir, "--global-budget-tokens", budget)
+        restart_after_kill9 = d.started_s
+        d.stop(60)
         store_bytes = sum(f.stat().st_size for f in (data_dir / "store").iterdir())
     print(json.dumps({
         "bench": "restart", "tokens": n, "sequences": len(seqs),
@@ -113,7 +112,8 @@ def bench_crash(rounds: int, writers: int) -> None:
         acked: list[list[int]] = []
         lock = threading.Lock()
         for rnd in range(rounds):
-            proc, target, _ = start_daemon(data_dir)
+            daemon = start_daemon(data_dir)
+            target = daemon.target
             stop = threading.Event()
 
             def write(i: int, rnd: int = rnd, target: str = target,
@@ -134,8 +134,7 @@ def bench_crash(rounds: int, writers: int) -> None:
             for t in ts:
                 t.start()
             time.sleep(random.uniform(1.0, 3.0))
-            proc.send_signal(signal.SIGKILL)  # mid-write
-            proc.wait()
+            daemon.kill9()  # mid-write
             stop.set()
             for t in ts:
                 t.join()

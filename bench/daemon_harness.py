@@ -1,7 +1,8 @@
 """The daemon benchmarks' shared harness: a real ``suffixd serve`` and the recorded traces.
 
-    proc, target, started_s = start_daemon(data_dir, *serve_args)  # serving: answers Info
-    stop_daemon(proc)                               # SIGTERM, wait
+    d = start_daemon(data_dir, *serve_args)  # a LocalDaemon, serving: answers Info
+    d.target, d.pid, d.started_s             # gRPC target, pid, seconds to serve
+    d.stop(60); d.kill9()                    # SIGTERM (SIGKILL past 60 s); a crash
     load_turns(workload, limit)      # [(prompt tokens, response tokens)] per assistant turn
     load_responses(workloads)        # every assistant message, tokenized
     require_data(workloads)          # exit with a message when the traces are missing
@@ -9,22 +10,21 @@
     pct(xs, q)                       # the q-quantile of seconds, in milliseconds
     DATA                             # the shared data folder (SUFFIXD_DATA, ../shared/data)
 
-The daemon runs on ``data_dir`` (Unix socket, real LMDB with fsync, embedded gemma
-tokenizer), its log beside it as ``<data_dir>.log``; tokens follow the replay protocol
-(the daemon's vocabulary). Used by daemon_rpc, daemon_loop, daemon_durability and
-fleet_bench.
+The daemon (``suffixd.client.launch.LocalDaemon``) runs on ``data_dir`` (Unix socket, real
+LMDB with fsync, embedded gemma tokenizer), its log beside it as ``<data_dir>.log``; tokens
+follow the replay protocol (the daemon's vocabulary). Used by daemon_rpc, daemon_loop,
+daemon_durability and fleet_bench.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+
+from suffixd.client.launch import LocalDaemon
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("SUFFIXD_DATA", ROOT.parent / "shared" / "data"))
@@ -32,39 +32,15 @@ if not DATA.exists():
     DATA = Path("/work/shared/data")
 
 
-def start_daemon(data_dir: Path, *args: str, timeout: float = 120.0) -> tuple[Any, str, float]:
-    announce = data_dir / "daemon.json"
-    if announce.exists():
-        announce.unlink()
+def start_daemon(data_dir: Path, *args: str, timeout: float = 120.0) -> LocalDaemon:
+    """``suffixd serve --data-dir DATA_DIR ARGS`` once it answers an RPC; ``started_s``:
+    seconds from the spawn to that answer (what a restart costs a client)."""
     t0 = time.perf_counter()
-    log = open(data_dir.parent / f"{data_dir.name}.log", "ab")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "suffixd.cli.main", "serve", "--data-dir",
-                             str(data_dir), *args], stdout=log, stderr=subprocess.STDOUT)
-    from suffixd.client import Client
-
-    while time.perf_counter() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daemon exited {proc.returncode}")
-        if announce.exists():
-            try:
-                info = json.loads(announce.read_text())
-            except json.JSONDecodeError:
-                continue
-            if info.get("pid") == proc.pid:
-                target = info["listen"][0]
-                c = Client(target, retries=0)
-                c.info()  # serving: answers an RPC
-                c.close()
-                return proc, target, time.perf_counter() - t0
-        time.sleep(0.01)
-    proc.kill()
-    raise TimeoutError("daemon did not start")
-
-
-def stop_daemon(proc: Any) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+    d = LocalDaemon(data_dir, args).start(timeout)
+    with d.client(wait_ready=False, retries=0) as c:
+        c.info()  # announced means bound; an answer means served
+    d.started_s = time.perf_counter() - t0
+    return d
 
 
 def require_data(workloads: list[str]) -> None:

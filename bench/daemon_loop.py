@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from daemon_harness import cpu_s, pct, start_daemon, stop_daemon
+from daemon_harness import cpu_s, pct, start_daemon
 
 
 class _Schedule:
@@ -298,7 +298,8 @@ def bench_loop(clients: int, steps: int, modes: list[str], extra: list[str],
         load_before = os.getloadavg()[0]
         per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
         with tempfile.TemporaryDirectory() as tmp:
-            proc, target, _ = start_daemon(Path(tmp) / "data", *extra)
+            daemon = start_daemon(Path(tmp) / "data", *extra)
+            target = daemon.target
             sync_dir = Path(tmp) / "sync"
             sync_dir.mkdir()
             try:
@@ -312,11 +313,11 @@ def bench_loop(clients: int, steps: int, modes: list[str], extra: list[str],
                         for k in range(procs)])
                     start_at = _start_when_ready(str(sync_dir), procs)
                     _wait_until(start_at)
-                    s0 = cpu_s(proc.pid)
+                    s0 = cpu_s(daemon.pid)
                     parts = res.get()
-                    server = cpu_s(proc.pid) - s0
+                    server = cpu_s(daemon.pid) - s0
             finally:
-                stop_daemon(proc)
+                daemon.stop(60)
         lat = [x for p in parts for x in p["lat"]]
         wall = max(p["done"] for p in parts) - start_at
         if samples_out and rate:

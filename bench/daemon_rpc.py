@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from daemon_harness import cpu_s, load_turns, pct, start_daemon, stop_daemon
+from daemon_harness import cpu_s, load_turns, pct, start_daemon
 
 from suffixcache import common_prefix_length
 
@@ -153,7 +153,8 @@ def _bench_rpc_mode(clients: int, seconds: float, procs: int,
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "data"
-        proc, target, _ = start_daemon(data_dir, *extra)
+        daemon = start_daemon(data_dir, *extra)
+        target = daemon.target
         try:
             # Warm the global tree with the workload's responses, as a long-running daemon has.
             from suffixd.client import Client
@@ -170,12 +171,12 @@ def _bench_rpc_mode(clients: int, seconds: float, procs: int,
             with ctx.Pool(procs) as pool:
                 # The daemon's CPU over the whole run (client start-up and the drain
                 # included, so a slight over-estimate per call).
-                cpu0 = cpu_s(proc.pid)
+                cpu0 = cpu_s(daemon.pid)
                 parts = pool.map(proc_worker, [(target, turns, seconds, firsts[i], per[i],
                                                  start_at, mode) for i in range(procs)])
-                server_cpu = cpu_s(proc.pid) - cpu0
+                server_cpu = cpu_s(daemon.pid) - cpu0
         finally:
-            stop_daemon(proc)
+            daemon.stop(60)
     client_cpu = sum(p.pop("cpu_s") for p in parts)
     spec = [x for p in parts for r in p.values() for x in r["spec"]]
     app = [x for p in parts for r in p.values() for x in r["app"]]

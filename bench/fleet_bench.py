@@ -30,9 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,37 +45,22 @@ from daemon_harness import (  # noqa: E402
     load_responses,
     load_turns,
     start_daemon,
-    stop_daemon,
 )
 from daemon_rpc import proc_worker  # noqa: E402
+from suffixd.client.launch import RedisServer  # noqa: E402
 
 
-class Redis:
-    def __init__(self, workdir: Path) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise SystemExit("redis-server is not installed (apt-get install redis-server)")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        import redis
+def start_redis(workdir: Path) -> RedisServer:
+    """A redis-server on a free loopback port, without persistence, answering; exits with
+    a message (not a traceback) when it is not installed."""
+    try:
+        return RedisServer(workdir).start()
+    except FileNotFoundError as exc:
+        raise SystemExit(str(exc)) from None
 
-        r = redis.Redis.from_url(self.url)
-        for _ in range(200):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.02)
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+# bench/soak.py imports it by this name (until it takes RedisServer itself)
+Redis = start_redis
 
 
 def _fleet_status(target: str) -> dict[str, Any]:
@@ -110,9 +92,10 @@ def bench_lag(clients: int, seconds: float, procs: int) -> None:
     turns = load_turns("spider_dev", 400)
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        r = Redis(Path(tmp))
-        pa, ta, _ = start_daemon(Path(tmp) / "a", "--fleet", r.url, "--node-id", "a")
-        pb, tb, _ = start_daemon(Path(tmp) / "b", "--fleet", r.url, "--node-id", "b")
+        r = start_redis(Path(tmp))
+        pa = start_daemon(Path(tmp) / "a", "--fleet", r.url, "--node-id", "a")
+        pb = start_daemon(Path(tmp) / "b", "--fleet", r.url, "--node-id", "b")
+        ta, tb = pa.target, pb.target
         try:
             start_at = time.time() + 2.0
             per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
@@ -137,8 +120,8 @@ def bench_lag(clients: int, seconds: float, procs: int) -> None:
                 "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2),
             }))
         finally:
-            stop_daemon(pa)
-            stop_daemon(pb)
+            pa.stop(60)
+            pb.stop(60)
             r.stop()
 
 
@@ -156,23 +139,25 @@ def bench_catchup(tokens: int, batch_tokens: int) -> None:
     budget = str(int(total * 1.2))
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        r = Redis(Path(tmp))
-        pa, ta, _ = start_daemon(Path(tmp) / "a", "--fleet", r.url, "--node-id", "a",
-                                 "--global-budget-tokens", budget)
+        r = start_redis(Path(tmp))
+        pa = start_daemon(Path(tmp) / "a", "--fleet", r.url, "--node-id", "a",
+                          "--global-budget-tokens", budget)
+        ta = pa.target
         try:
             n, dt = ingest(ta, seqs, batch_tokens)
             want = _global_tokens(ta, "restart")
             while _fleet_status(ta).get("backlog", 1):
                 time.sleep(0.05)
             t0 = time.perf_counter()
-            pc, tc, started = start_daemon(Path(tmp) / "c", "--fleet", r.url,
-                                           "--node-id", "c", "--global-budget-tokens", budget)
+            pc = start_daemon(Path(tmp) / "c", "--fleet", r.url, "--node-id", "c",
+                              "--global-budget-tokens", budget)
+            tc, started = pc.target, pc.started_s
             t1 = time.perf_counter()
             while _global_tokens(tc, "restart") < want:
                 time.sleep(0.02)
             t2 = time.perf_counter()
             got = _global_tokens(tc, "restart")
-            stop_daemon(pc)
+            pc.stop(60)
             print(json.dumps({
                 "bench": "fleet-catchup", "tokens": n, "sequences": len(seqs),
                 "single_node_warm_tok_s": round(n / dt), "warm_batch_tokens": batch_tokens,
@@ -183,7 +168,7 @@ def bench_catchup(tokens: int, batch_tokens: int) -> None:
                 "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2),
             }))
         finally:
-            stop_daemon(pa)
+            pa.stop(60)
             r.stop()
 
 
@@ -257,7 +242,7 @@ def bench_replay(workloads: list[str], nodes: int) -> None:
         row: dict[str, Any] = {"bench": "fleet-replay", "workload": w, "nodes": nodes}
         for mode in ("single", "fleet", "separate"):
             with tempfile.TemporaryDirectory() as tmp:
-                r = Redis(Path(tmp)) if mode == "fleet" else None
+                r = start_redis(Path(tmp)) if mode == "fleet" else None
                 n = 1 if mode == "single" else nodes
                 engines = [Engine(Path(tmp) / f"e{i}", sync=False,
                                   cache_config=CacheConfig(global_budget_tokens=50_000_000))

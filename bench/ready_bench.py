@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,37 +29,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from suffixd.client.launch import LaunchError, LocalDaemon
 
 
-def start_daemon(data: Path, log: Path, args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    announce = data / "daemon.json"
-    announce.unlink(missing_ok=True)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "suffixd.cli.main", "serve", "--data-dir", str(data),
-         "--http", "127.0.0.1:0", "--model-load", "startup", *args],
-        stdout=log.open("ab"), stderr=subprocess.STDOUT)
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"suffixd serve exited with {proc.returncode}: {log.read_text()}")
-        try:
-            info = json.loads(announce.read_text())
-            if info.get("pid") == proc.pid:
-                return proc, str(info["http"])
-        except (FileNotFoundError, json.JSONDecodeError):
-            pass
-        time.sleep(0.02)
-
-
-def one_start(data: Path, log: Path, args: list[str], max_tokens: int,
-              wait_stored: bool) -> dict[str, Any]:
-    log.write_text("")
+def one_start(daemon: LocalDaemon, max_tokens: int, wait_stored: bool) -> dict[str, Any]:
+    """Start ``daemon`` and time it (its log read from this start on)."""
     t0 = time.monotonic()
-    proc, base = start_daemon(data, log, args)
+    try:
+        daemon.start(timeout=3600)  # a loaded machine (--load) may take long
+    except LaunchError as exc:
+        raise SystemExit(str(exc)) from None
     out: dict[str, Any] = {"announced_s": round(time.monotonic() - t0, 2)}
     try:
-        health = base.removesuffix("/v1") + "/health"
+        base = str(daemon.http)
         n503 = 0
-        while httpx.get(health, timeout=60).status_code != 200:
+        while httpx.get(daemon.health_url, timeout=60).status_code != 200:
             n503 += 1
             time.sleep(0.02)
         out["health_200_s"] = round(time.monotonic() - t0, 2)
@@ -70,18 +53,18 @@ def one_start(data: Path, log: Path, args: list[str], max_tokens: int,
             "max_tokens": max_tokens, "temperature": 0})
         r.raise_for_status()
         out["first_generation_s"] = round(time.monotonic() - t0, 2)
-        ready = re.search(r'"generation ready" (.*)', log.read_text())
+        ready = re.search(r'"generation ready" (.*)', daemon.log(since_start=True))
         out["ready_line"] = ready.group(1).strip() if ready else None
         if wait_stored:
-            while "verifier costs measured" not in log.read_text():
-                if proc.poll() is not None:
-                    raise SystemExit(f"the daemon exited: {log.read_text()}")
+            while "verifier costs measured" not in daemon.log(since_start=True):
+                if not daemon.running():
+                    raise SystemExit(f"the daemon exited: {daemon.log_tail()}")
                 time.sleep(0.5)
-            m = re.search(r'"verifier costs measured" seconds=(\S+)', log.read_text())
+            m = re.search(r'"verifier costs measured" seconds=(\S+)',
+                          daemon.log(since_start=True))
             out["background_measurement_s"] = float(m.group(1)) if m else None
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(120)
+        daemon.stop(120)
     return out
 
 
@@ -98,9 +81,10 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="suffixd-ready-") as tmp:
             data = Path(tmp) / "data"
-            log = Path(tmp) / "serve.log"
-            fresh = one_start(data, log, args, a.max_tokens, wait_stored=True)
-            stored = one_start(data, log, args, a.max_tokens, wait_stored=False)
+            daemon = LocalDaemon(data, ["--http", "127.0.0.1:0", "--model-load", "startup",
+                                        *args], log_path=Path(tmp) / "serve.log")
+            fresh = one_start(daemon, a.max_tokens, wait_stored=True)
+            stored = one_start(daemon, a.max_tokens, wait_stored=False)
             mode = oct((data / "cost_profile.json").stat().st_mode & 0o777)
     finally:
         for p in busy:

@@ -17,12 +17,13 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from suffixd.client.launch import LaunchError, LocalDaemon
 
 
 def find_shared(arg: str | None) -> Path:
@@ -31,26 +32,6 @@ def find_shared(arg: str | None) -> Path:
         if (cand / "data").is_dir():
             return cand
     sys.exit("cannot find shared/data (pass --shared)")
-
-
-def start_daemon(data_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    announce = data_dir / "daemon.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "suffixd.cli.main", "serve", "--data-dir", str(data_dir)],
-        stdout=open(log, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit("daemon exited:\n" + log.read_text())
-        try:
-            if json.loads(announce.read_text()).get("pid") == proc.pid:
-                return proc
-        except (FileNotFoundError, json.JSONDecodeError):
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    sys.exit("daemon did not start")
 
 
 def rss_mib(pid: int) -> float:
@@ -139,14 +120,17 @@ def main() -> None:
             shutil.copy(swe, corpus / "swe_django.jsonl")
         data_dir = tmp / "data"
         data_dir.mkdir()
-        proc = start_daemon(data_dir, tmp / "daemon.log")
+        daemon = LocalDaemon(data_dir, log_path=tmp / "daemon.log")
+        try:
+            daemon.start(120)
+        except LaunchError as exc:
+            sys.exit(str(exc))
         try:
             first, wall1 = run_warm(corpus, data_dir, args.roles)
-            rss = rss_mib(proc.pid)
+            rss = rss_mib(daemon.pid)
             second, wall2 = run_warm(corpus, data_dir, args.roles)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
+            daemon.stop(60)
         result = {
             "corpus_bytes": sum(p.stat().st_size for p in corpus.rglob("*") if p.is_file()),
             "first": first,

@@ -30,8 +30,6 @@ from __future__ import annotations
 import itertools
 import queue
 import shutil
-import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -230,14 +228,6 @@ def greedy_same(texts: dict[int, dict[tuple[str, int], str]], levels: Sequence[i
     return out
 
 
-def _stop(proc: Any) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
 def _profile_copy(profiles: Path, slots: int | None) -> Path:
     return profiles / f"cost_profile-slots{slots or 'default'}.json"
 
@@ -284,7 +274,7 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
 
     from ..daemon.generation.chat import ChatRenderer
     from ..daemon.generation.verifier import Verifier
-    from .bench_http import _start_daemon, wait_measured
+    from .bench_http import start_daemon, wait_measured
     from .llama_server import start_servers
 
     # this process renders what the daemon renders, for llama-server (no decoding here)
@@ -316,11 +306,12 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
             slots = n if n > 4 else None
             data = tmp / f"n{n}" / "data"
             kept = reuse_profile(profiles, data, slots)
-            proc, target, base_url = _start_daemon(data, model, threads, n_ctx, kv_slots=slots)
+            daemon = start_daemon(data, model, threads, n_ctx, kv_slots=slots)
+            target = daemon.target
             try:
-                wait_measured(proc, target)
+                wait_measured(daemon.proc, target)
                 keep_profile(data, kept)
-                oai = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0,
+                oai = openai.OpenAI(base_url=daemon.http, api_key="none", max_retries=0,
                                     timeout=1800)
 
                 ids = answers.setdefault(n, {})
@@ -343,7 +334,7 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                 texts[n] = {(r.session, r.index): r.text for r in flat}
                 results["suffixd"][n]["batching"] = batching(target)
             finally:
-                _stop(proc)
+                daemon.stop(30)
             if not llama_server:
                 continue
             servers = start_servers(llama_server, model_path, threads=threads, n_ctx=n_ctx,

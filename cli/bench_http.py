@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
+from ..client.launch import LaunchError, LocalDaemon
 from .bench_generate import load_session_turns
 
 # openai is a benchmark dependency, imported where it runs. Messages read from a workload
@@ -33,35 +31,24 @@ if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
 
 
-def _start_daemon(data_dir: Path, model: str | None, threads: int,
-                  ctx_size: int, kv_slots: int | None = None,
-                  extra_args: list[str] | None = None) -> tuple[Any, str, str]:
+def start_daemon(data_dir: Path, model: str | None, threads: int,
+                 ctx_size: int, kv_slots: int | None = None,
+                 extra_args: list[str] | None = None) -> LocalDaemon:
     """``serve --http`` on a free loopback port (``kv_slots``: its ``--kv-slots``, or its
-    default); (the process, the gRPC target, the OpenAI base URL) once announced."""
-    args = [sys.executable, "-m", "suffixd.cli.main", "serve", "--data-dir", str(data_dir),
-            "--http", "127.0.0.1:0", "--model-load", "startup", "--threads", str(threads),
+    default), the model loaded at start-up, once announced (``.target``: gRPC, ``.http``:
+    the OpenAI base URL); its log is ``daemon.log`` beside ``data_dir``."""
+    args = ["--http", "127.0.0.1:0", "--model-load", "startup", "--threads", str(threads),
             "--ctx-size", str(ctx_size)]
     if kv_slots is not None:
         args += ["--kv-slots", str(kv_slots)]
     if model:
         args += ["--model", model]
     args += extra_args or []
-    data_dir.parent.mkdir(parents=True, exist_ok=True)
-    log = open(data_dir.parent / "daemon.log", "wb")  # noqa: SIM115 - lives with the daemon
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    announce = data_dir / "daemon.json"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise click.ClickException(
-                "the daemon exited: " + (data_dir.parent / "daemon.log").read_text()[-2000:])
-        try:
-            info = json.loads(announce.read_text())
-            return proc, info["listen"][0], info["http"]
-        except (FileNotFoundError, json.JSONDecodeError, KeyError):
-            time.sleep(0.1)
-    proc.kill()
-    raise click.ClickException("the daemon did not start within 120 s")
+    daemon = LocalDaemon(data_dir, args, log_path=data_dir.parent / "daemon.log")
+    try:
+        return daemon.start(timeout=120)
+    except LaunchError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def wait_measured(proc: Any, target: str) -> None:
@@ -100,20 +87,16 @@ def http_bench(workload: Path, sessions: int, max_tokens: int, model: str | None
     if not todo:
         raise click.ClickException(f"{workload}: no assistant turns")
     tmp = Path(tempfile.mkdtemp(prefix="suffixd-bench-http-"))
-    proc, target, base_url = _start_daemon(tmp / "data", model, threads, ctx_size)
+    daemon = start_daemon(tmp / "data", model, threads, ctx_size)
     fronts = ("grpc", "http")
     agg: dict[str, dict[str, float]] = {
         f: {"tokens": 0, "decode_s": 0.0, "turn_s": 0.0, "stream_tokens": 0, "stream_s": 0.0}
         for f in fronts}
     continuing = found = 0
     try:
-        client = Client(target)
-        client.wait_ready()
-        # loaded, and its costs measured (or stored): a measurement running beside the
-        # benchmark would slow both
-        while client.generator_status()["cost_profile_source"] in ("", "measuring"):
-            time.sleep(0.5)
-        oai = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=600)
+        wait_measured(daemon.proc, daemon.target)
+        client = Client(daemon.target)
+        oai = openai.OpenAI(base_url=daemon.http, api_key="none", max_retries=0, timeout=600)
         for n, (session, msgs) in enumerate(todo):
             order = fronts if n % 2 == 0 else fronts[::-1]
             for front in order:
@@ -163,11 +146,7 @@ def http_bench(workload: Path, sessions: int, max_tokens: int, model: str | None
                     a["stream_s"] += last - first
         client.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        daemon.stop(30)
         shutil.rmtree(tmp, ignore_errors=True)
 
     def rate(f: str, tok: str, sec: str) -> float:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
-from .bench_concurrency import _stop, first_turns
+from .bench_concurrency import first_turns
 from .bench_generate import load_session_turns, p95
 
 # openai is a benchmark dependency, imported where it runs. Messages read from a workload
@@ -58,7 +58,7 @@ def run_prefix(workload: Path, sessions: int, model: str | None, model_path: Pat
 
     from ..daemon.generation.chat import ChatRenderer
     from ..daemon.generation.verifier import Verifier
-    from .bench_http import _start_daemon, wait_measured
+    from .bench_http import start_daemon, wait_measured
     from .llama_server import LlamaServer
 
     todo = [(s, with_system(m, system))
@@ -77,11 +77,10 @@ def run_prefix(workload: Path, sessions: int, model: str | None, model_path: Pat
     tmp = Path(tempfile.mkdtemp(prefix="suffixd-bench-prefix-"))
     try:
         extra = [] if prompt_cache_mb is None else ["--prompt-cache-mb", str(prompt_cache_mb)]
-        proc, target, base_url = _start_daemon(tmp / "data", model, threads, n_ctx,
-                                               extra_args=extra)
+        daemon = start_daemon(tmp / "data", model, threads, n_ctx, extra_args=extra)
         try:
-            wait_measured(proc, target)
-            oai = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=1800)
+            wait_measured(daemon.proc, daemon.target)
+            oai = openai.OpenAI(base_url=daemon.http, api_key="none", max_retries=0, timeout=1800)
             prompts, evaluated, ttft = [], [], []
             for _, msgs, _ in turns:
                 t0 = time.perf_counter()
@@ -97,7 +96,7 @@ def run_prefix(workload: Path, sessions: int, model: str | None, model_path: Pat
                 evaluated.append(r.usage.prompt_tokens - cached)
             results["suffixd"] = _row(prompts, evaluated, ttft)
         finally:
-            _stop(proc)
+            daemon.stop(30)
         if llama_server:
             for n_parallel in (1, 4):
                 name = f"llama-server -np {n_parallel}"

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,7 +78,7 @@ def structured_bench(max_tokens: int, model: str | None, threads: int, as_json: 
     from ..daemon.generation.chat import ChatRenderer
     from ..daemon.generation.verifier import Verifier
     from ..daemon.model import resolve_model_path
-    from .bench_http import _start_daemon, wait_measured
+    from .bench_http import start_daemon, wait_measured
     from .llama_server import LlamaServer
 
     if not llama_server:
@@ -88,14 +87,14 @@ def structured_bench(max_tokens: int, model: str | None, threads: int, as_json: 
     renderer_v = Verifier(model_path, n_ctx=512, n_slots=1, n_threads=1)
     renderer = ChatRenderer(renderer_v)
     tmp = Path(tempfile.mkdtemp(prefix="suffixd-bench-structured-"))
-    proc, target, base = _start_daemon(tmp / "data", model, threads, 4096)
+    daemon = start_daemon(tmp / "data", model, threads, 4096)
     server = LlamaServer(llama_server, model_path, threads=threads, n_ctx=4096,
                          flash_attn="off")  # as suffixd's verifier: equal numerics
     rows: list[dict[str, Any]] = []
     try:
-        wait_measured(proc, target)
+        wait_measured(daemon.proc, daemon.target)
         server.wait_ready()
-        oai = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=600)
+        oai = openai.OpenAI(base_url=daemon.http, api_key="none", max_retries=0, timeout=600)
         pieces = [renderer_v.token_bytes(t) for t in range(renderer_v.vocab_size)]
         for name, question, schema in CASES:
             messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": question}]
@@ -131,8 +130,7 @@ def structured_bench(max_tokens: int, model: str | None, threads: int, as_json: 
             })
     finally:
         server.close()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        daemon.stop(60)
         renderer_v.close()
         shutil.rmtree(tmp, ignore_errors=True)
     equal = sum(r["equal"] for r in rows)

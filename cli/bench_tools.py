@@ -60,8 +60,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import signal
-import subprocess
 import tempfile
 import time
 import urllib.request
@@ -208,13 +206,12 @@ def tools_bench(workload: Path, sessions: int, turns_per_session: int, max_token
     """Replay WORKLOAD's sessions as a tool-calling agent, through the endpoint."""
     import openai
 
-    from ..client import Client
     from ..daemon.generation.chat import ChatRenderer
     from ..daemon.generation.verifier import Verifier
     from ..daemon.http_api.structured import RawReplies, parse_structure
     from ..daemon.model import resolve_model_path
     from .bench_generate import load_session_turns, p95
-    from .bench_http import _start_daemon
+    from .bench_http import start_daemon, wait_measured
     from .llama_server import start_servers
 
     if llama_server and not (ls_same_grammar or ls_native):
@@ -234,7 +231,7 @@ def tools_bench(workload: Path, sessions: int, turns_per_session: int, max_token
     tmp = Path(tempfile.mkdtemp(prefix="suffixd-bench-tools-"))
     servers: dict[str, Any] = {}
     mode: dict[str, str] = {}  # llama-server system -> its comparison
-    proc = None
+    daemon = None
     systems = ["suffixd"]
     stats: dict[str, dict[str, Any]] = {}
     same = {SAME_GRAMMAR: 0, NATIVE: 0}
@@ -255,15 +252,9 @@ def tools_bench(workload: Path, sessions: int, turns_per_session: int, max_token
                 for name, srv in native.items():
                     servers[name + "-native"], mode[name + "-native"] = srv, NATIVE
             systems += list(servers)
-        proc, target, base_url = _start_daemon(tmp / "data", model, threads, ctx_size)
-        client = Client(target)
-        client.wait_ready()
-        # loaded, and its costs measured (or stored): a measurement running beside the
-        # benchmark would slow both
-        while client.generator_status()["cost_profile_source"] in ("", "measuring"):
-            time.sleep(0.5)
-        client.close()
-        oai = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=900)
+        daemon = start_daemon(tmp / "data", model, threads, ctx_size)
+        wait_measured(daemon.proc, daemon.target)
+        oai = openai.OpenAI(base_url=daemon.http, api_key="none", max_retries=0, timeout=900)
         stats = {s: {"session_s": {}, "turn_s": [], "tokens": 0, "decode_s": 0.0,
                      "steps": 0, "calls": 0, "cut": 0, "turns": 0} for s in systems}
         for n, (session, recorded) in enumerate(todo):
@@ -334,12 +325,8 @@ def tools_bench(workload: Path, sessions: int, turns_per_session: int, max_token
     finally:
         for srv in servers.values():
             srv.close()
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        if daemon is not None:
+            daemon.stop(30)
         renderer_v.close()
         shutil.rmtree(tmp, ignore_errors=True)
 

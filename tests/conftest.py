@@ -11,12 +11,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -24,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from suffixd.client.launch import LocalDaemon
 
 # Runs argv[2:] in place of itself once the kernel will SIGTERM it when the test process
 # dies (prctl PR_SET_PDEATHSIG = 1): a test process that crashes skips the fixtures'
@@ -119,8 +116,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             missing_tool(f"{', '.join(absent)} not installed ({mark.kwargs.get('install', '')})")
 
 
-class DaemonProcess:
-    """A `suffixd serve` subprocess and how to reach it.
+class DaemonProcess(LocalDaemon):
+    """A `suffixd serve` subprocess and how to reach it (suffixd.client.launch), as the
+    tests run it: ended with the test process (``dies_with_parent``), the model loaded on
+    first use, and its costs not measured.
 
     A daemon that loads the model measures its costs in the background whenever it is
     idle (one round here), seconds of CPU beside whatever the test runs: at times the test
@@ -134,103 +133,34 @@ class DaemonProcess:
 
     def __init__(self, data_dir: Path, args: Sequence[str] = (), env: dict[str, str] | None = None,
                  log_path: Path | None = None) -> None:
-        self.data_dir = Path(data_dir)
-        self.args = list(args)
         # Test daemons load the verifier on first generate, not at start-up: most never
         # generate, and a background load would cost each ~20 s of CPU. Where they measure
         # their costs, one round, not five: a tenth of the CPU.
-        self.env = {**os.environ, "SUFFIXD_MODEL_LOAD": "first-use",
-                    "SUFFIXD_COST_ROUNDS": "1" if self.measure_costs else "0", **(env or {})}
-        self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.listen: list[str] = []
-        self.http: str | None = None  # the OpenAI endpoint's base URL (serve --http)
+        super().__init__(data_dir, args, {"SUFFIXD_MODEL_LOAD": "first-use",
+                                          "SUFFIXD_COST_ROUNDS": "1" if self.measure_costs
+                                          else "0", **(env or {})}, log_path)
 
-    @property
-    def socket(self) -> str:
-        return next(t for t in self.listen if t.startswith("unix:"))
-
-    @property
-    def tcp(self) -> str:
-        return next(t for t in self.listen if not t.startswith("unix:"))
-
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "suffixd.cli.main", "serve", "--data-dir",
-                str(self.data_dir), *self.args]
+    def launch_command(self) -> list[str]:
+        return dies_with_parent(self.command())
 
     def start(self, timeout: float = 90.0, expect_ready: bool = True) -> DaemonProcess:
-        announce = self.data_dir / "daemon.json"
-        with contextlib.suppress(OSError):  # absent, or on a read-only disk (a test's)
-            announce.unlink()
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(dies_with_parent(self.command()), stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=self.env)
-        if not expect_ready:
-            return self
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"suffixd serve exited with {self.proc.returncode}:\n"
-                                   + self.log())
-            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-                info = json.loads(announce.read_text())
-                if info.get("pid") == self.proc.pid:
-                    self.listen = list(info["listen"])
-                    self.http = info.get("http")
-                    return self
-            time.sleep(0.05)
-        self.kill9()
-        raise TimeoutError("suffixd serve did not become ready:\n" + self.log())
+        return super().start(timeout, expect_ready)
 
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def wait(self, timeout: float = 30.0) -> int:
-        assert self.proc is not None
-        return self.proc.wait(timeout)
-
-    def client(self, target: str | None = None, wait_rebuilt: bool = True, **kwargs: Any) -> Any:
-        """A connected Client; by default once the trees are rebuilt from LMDB (after a
-        restart the daemon serves at once and rebuilds in the background)."""
-        from suffixd.client import Client
-
-        c = Client(target or self.socket, **kwargs)
-        if "token" in kwargs or target is None or target.startswith("unix:"):
-            c.wait_ready()
-            deadline = time.monotonic() + 120
-            while wait_rebuilt and c.info().get("rebuilding") and time.monotonic() < deadline:
-                time.sleep(0.05)
-        return c
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(30)
-
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM, and wait for a clean exit."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill9()
-        with contextlib.suppress(Exception):
-            self._log.close()
-        return self.proc.returncode
+    def client(self, target: str | None = None, wait_rebuilt: bool = True,
+               **kwargs: Any) -> Any:
+        """A connected Client on the Unix socket by default; by default once the trees
+        are rebuilt from LMDB (after a restart the daemon serves at once and rebuilds in
+        the background). A TCP target without a token is not waited for: it may refuse."""
+        wait = "token" in kwargs or target is None or target.startswith("unix:")
+        return super().client(target or self.socket, wait_ready=wait,
+                              wait_rebuilt=wait_rebuilt, **kwargs)
 
 
 def wait_health(proc: DaemonProcess, timeout: float = 300.0) -> None:
     """Until the daemon's HTTP front answers /health with 200 (its model loaded)."""
     import httpx
 
-    assert proc.http
-    url = proc.http.removesuffix("/v1") + "/health"
+    url = proc.health_url
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if httpx.get(url, timeout=30).status_code == 200:

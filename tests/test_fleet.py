@@ -9,8 +9,6 @@ Daemons run with ``--model none`` (token ids) except where a tokenizer is needed
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -21,59 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from suffixd.client import launch
 
 from .conftest import dies_with_parent
 
-REDIS = shutil.which("redis-server")
 pytestmark = pytest.mark.needs_binary("redis-server", install="apt-get install redis-server; "
                                       ".ci/run installs it")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class RedisServer(launch.RedisServer):
+    """suffixd.client.launch's, ended with the test process (``dies_with_parent``)."""
 
-
-class RedisServer:
-    """A redis-server subprocess on a loopback port; stop() and start() keep the port."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.dir = workdir
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        assert REDIS is not None
-        self.proc = subprocess.Popen(
-            dies_with_parent([REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save",
-                              "", "--appendonly", "no", "--dir", str(self.dir)]),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as c:
-                    c.sendall(b"PING\r\n")
-                    if c.recv(16).startswith(b"+PONG"):
-                        return self
-            except OSError:
-                time.sleep(0.02)
-        raise TimeoutError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-
-    def client(self) -> Any:
-        import redis
-
-        return redis.Redis.from_url(self.url)
+    def launch_command(self) -> list[str]:
+        return dies_with_parent(self.command())
 
 
 @pytest.fixture

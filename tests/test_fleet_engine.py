@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from suffixd.client.launch import free_port
 
-from tests.test_fleet import RedisServer, _free_port, wait_for
+from tests.test_fleet import RedisServer, wait_for
 
 pytestmark = pytest.mark.needs_binary("redis-server", install="apt-get install redis-server; "
                                       ".ci/run installs it")
@@ -114,7 +115,7 @@ def test_restarted_node_resumes_after_its_stored_position(redis_server: RedisSer
 
 def test_outbox_is_bounded_and_republished_when_redis_comes(nodes: list[Node],
                                                             tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     a = Node(tmp_path / "a", url, "a", max_backlog=5)
     nodes.append(a)
@@ -125,9 +126,7 @@ def test_outbox_is_bounded_and_republished_when_redis_comes(nodes: list[Node],
     assert not a.fleet.redis_up and a.fleet.last_error
     # Drafting goes on from the local trees.
     assert list(a.engine.propose("ns", None, _resp(3)[:3], 7).tokens) == _resp(3)[3:10]
-    r = RedisServer(tmp_path / "redis")
-    r.port = port
-    r.start()
+    r = RedisServer(tmp_path / "redis", port=port).start()
     try:
         b = Node(tmp_path / "b", url, "b")
         nodes.append(b)
