@@ -19,7 +19,8 @@ system and counted. Reported per (system, N): aggregate completion tok/s (all co
 tokens over the wall time from the first request to the last reply), that wall time,
 mean session wall, turn mean and p95, decode tok/s as the servers report it (per
 request), turns; per N, suffixd's aggregate rate against the best llama-server system's
-and against suffixd's own at N = 1; ``greedy_same``: the turns whose suffixd text at
+and, rate and wall time, against suffixd's own one session after another (N = 1, run for
+suffixd even when not a level asked for); ``greedy_same``: the turns whose suffixd text at
 N equals suffixd's text at the first level; and with a ``TokenCertifier``
 (cli/bench_certify.py), ``certified``: per N, suffixd's turns (their ``token_ids``) judged
 against plain decoding (identical, near-tie, diverged), after the timed runs.
@@ -182,9 +183,11 @@ def aggregate(results: Sequence[TurnResult]) -> dict[str, Any]:
 def ratios(results: dict[str, dict[int, dict[str, Any]]], levels: Sequence[int]
            ) -> dict[str, dict[str, Any]]:
     """Per N: the best llama-server system by aggregate tok/s, suffixd's rate against it,
-    and suffixd's rate against its own at N = 1 (when 1 is a level)."""
+    and, where suffixd ran N = 1 (``run_concurrency`` always does), its rate against its own
+    one session after another and its wall time against that one's (``suffixd_wall_vs_n1``
+    above 1: N at once took longer than one after another)."""
     out: dict[str, dict[str, Any]] = {"ls_best": {}, "suffixd_vs_ls_best": {},
-                                      "suffixd_vs_n1": {}}
+                                      "suffixd_vs_n1": {}, "suffixd_wall_vs_n1": {}}
     ours = results.get("suffixd", {})
     ls = [s for s in results if s != "suffixd"]
     for n in levels:
@@ -194,8 +197,10 @@ def ratios(results: dict[str, dict[int, dict[str, Any]]], levels: Sequence[int]
             out["ls_best"][str(n)] = best
             out["suffixd_vs_ls_best"][str(n)] = round(
                 rate / max(results[best][n]["agg_tok_s"], 1e-9), 4)
-        if 1 in ours:
+        if 1 in ours and n in ours:
             out["suffixd_vs_n1"][str(n)] = round(rate / max(ours[1]["agg_tok_s"], 1e-9), 4)
+            out["suffixd_wall_vs_n1"][str(n)] = round(
+                ours[n]["wall_s"] / max(ours[1]["wall_s"], 1e-9), 4)
     return out
 
 
@@ -300,8 +305,11 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
         results.setdefault(system, {})[n] = aggregate(flat)
         return flat
 
+    # suffixd one session after another (N = 1) is run even when not asked for: every
+    # level is judged against it, so that N at once slower than one at a time shows
+    suffixd_levels = levels if 1 in levels else [1, *levels]
     try:
-        for n in levels:
+        for n in suffixd_levels:
             (tmp / f"n{n}").mkdir()
             slots = n if n > 4 else None
             data = tmp / f"n{n}" / "data"
@@ -335,7 +343,7 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                 results["suffixd"][n]["batching"] = batching(target)
             finally:
                 daemon.stop(30)
-            if not llama_server:
+            if not llama_server or n not in levels:
                 continue
             servers = start_servers(llama_server, model_path, threads=threads, n_ctx=n_ctx,
                                     spec_types_wanted=spec_types, flash_attn=ls_flash_attn,
@@ -382,13 +390,15 @@ def report(out: dict[str, Any]) -> None:
                f"{out['max_tokens']} tokens max, {out['threads']} threads")
     click.echo(f"{'system':<16} {'N':>3} {'agg tok/s':>10} {'wall s':>8} {'session s':>10} "
                f"{'turn s':>8} {'p95 s':>7} {'decode tok/s':>13} {'turns':>6}")
-    for n in out["concurrency"]:
+    for n in sorted({1, *out["concurrency"]}):
         for s, r in out["results"].items():
+            if str(n) not in r:
+                continue
             v = r[str(n)]
             click.echo(f"{s:<16} {n:>3} {v['agg_tok_s']:>10.2f} {v['wall_s']:>8.2f} "
                        f"{v['session_wall_s']:>10.2f} {v['turn_s']:>8.3f} "
                        f"{v['turn_p95_s']:>7.3f} {v['decode_tok_s']:>13.2f} {v['turns']:>6}")
-    for n in out["concurrency"]:
+    for n in sorted({1, *out["concurrency"]}):
         b = out["results"].get("suffixd", {}).get(str(n), {}).get("batching")
         if b and b.get("steps"):
             click.echo(f"N={n}: suffixd steps {b['steps']:,}, {b['sequences'] / b['steps']:.2f} "
@@ -399,8 +409,15 @@ def report(out: dict[str, Any]) -> None:
     for n, best in out["ls_best"].items():
         click.echo(f"N={n}: suffixd / {best} aggregate tok/s: "
                    f"{out['suffixd_vs_ls_best'][n]:.3f}")
+    walls = out.get("suffixd_wall_vs_n1", {})
     for n, x in out["suffixd_vs_n1"].items():
-        click.echo(f"N={n}: suffixd / suffixd at N=1 aggregate tok/s: {x:.3f}")
+        if n == "1":
+            continue
+        w = walls.get(n)
+        verdict = "" if w is None else (
+            f"; wall {w:.3f}x" + ("  SLOWER than one after another" if w > 1.0 else ""))
+        click.echo(f"N={n}: suffixd {n} at once / one after another (same sessions): "
+                   f"aggregate tok/s {x:.3f}{verdict}")
     for n, same in out["greedy_same"].items():
         click.echo(f"N={n}: suffixd text same as at N={out['concurrency'][0]}: {same}")
     for n, c in out.get("certified", {}).items():

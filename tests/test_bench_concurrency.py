@@ -129,15 +129,23 @@ def test_aggregate() -> None:
 
 
 def test_ratios() -> None:
-    r = {"suffixd": {1: {"agg_tok_s": 10.0}, 4: {"agg_tok_s": 30.0}},
+    r = {"suffixd": {1: {"agg_tok_s": 10.0, "wall_s": 40.0},
+                     4: {"agg_tok_s": 30.0, "wall_s": 44.0}},
          "ls-plain": {1: {"agg_tok_s": 8.0}, 4: {"agg_tok_s": 40.0}},
          "ls-ngram-mod": {1: {"agg_tok_s": 12.0}, 4: {"agg_tok_s": 20.0}}}
     out = ratios(r, [1, 4])
     assert out["ls_best"] == {"1": "ls-ngram-mod", "4": "ls-plain"}
     assert out["suffixd_vs_ls_best"] == {"1": round(10 / 12, 4), "4": 0.75}
     assert out["suffixd_vs_n1"] == {"1": 1.0, "4": 3.0}
-    only = ratios({"suffixd": {2: {"agg_tok_s": 5.0}}}, [2])
-    assert only == {"ls_best": {}, "suffixd_vs_ls_best": {}, "suffixd_vs_n1": {}}
+    # 4 at once took longer than one after another: the ratio above 1 says so
+    assert out["suffixd_wall_vs_n1"] == {"1": 1.0, "4": 1.1}
+    only = ratios({"suffixd": {2: {"agg_tok_s": 5.0, "wall_s": 1.0}}}, [2])
+    assert only == {"ls_best": {}, "suffixd_vs_ls_best": {}, "suffixd_vs_n1": {},
+                    "suffixd_wall_vs_n1": {}}
+    # N = 1 run beside a level that was not asked for
+    beside = ratios({"suffixd": {1: {"agg_tok_s": 10.0, "wall_s": 40.0},
+                                 8: {"agg_tok_s": 12.0, "wall_s": 36.0}}}, [8])
+    assert beside["suffixd_wall_vs_n1"] == {"8": 0.9} and beside["suffixd_vs_n1"] == {"8": 1.2}
 
 
 def test_repeat_summary_gives_each_runs_ratio_and_their_spread(capsys) -> None:
@@ -232,3 +240,21 @@ def test_a_measured_profile_is_reused_by_the_next_daemon_of_the_same_slots(tmp_p
     eight = tmp_path / "n8" / "data"
     reuse_profile(profiles, eight, 8)  # other slots, another key: measured again
     assert not (eight / FILE_NAME).exists()
+
+
+def test_report_shows_each_level_against_one_after_another(capsys) -> None:
+    fields = ("agg_tok_s", "wall_s", "session_wall_s", "turn_s", "turn_p95_s",
+              "decode_tok_s", "turns")
+    res = {n: dict.fromkeys(fields, 1.0) for n in ("1", "4", "8")}
+    out = {"workload": "w.jsonl", "sessions": 8, "turns": 32, "skipped_turns": 0,
+           "n_ctx": 4096, "max_tokens": 64, "threads": 2, "concurrency": [4, 8],
+           "results": {"suffixd": res}, "ls_best": {}, "suffixd_vs_ls_best": {},
+           "suffixd_vs_n1": {"4": 1.25, "8": 0.94},
+           "suffixd_wall_vs_n1": {"4": 0.8, "8": 1.07}, "greedy_same": {}}
+    report(out)
+    shown = capsys.readouterr().out
+    assert "suffixd            1" in shown  # the N = 1 run is in the table though not asked
+    assert "N=4: suffixd 4 at once / one after another (same sessions): aggregate tok/s " \
+        "1.250; wall 0.800x\n" in shown
+    assert "N=8: suffixd 8 at once / one after another (same sessions): aggregate tok/s " \
+        "0.940; wall 1.070x  SLOWER than one after another" in shown
