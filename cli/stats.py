@@ -271,7 +271,7 @@ _PROCESS_PARTS = {
     "libraries": ("libraries", "other mapped files: the interpreter, shared libraries"),
     "llama_context": ("llama.cpp context", ""),
     "prompt_cache": ("prompt cache", "KV checkpoints of prompt prefixes"),
-    "trees": ("suffix trees", "as the trees count their bytes"),
+    "trees": ("suffix trees", "as the trees count their bytes (capacity)"),
     "malloc_in_use": ("malloc in use", "everything else allocated: Python objects over "
                       "512 B, gRPC, numpy, LMDB"),
     "malloc_free": ("malloc free held", "free memory malloc's arenas keep resident"),

@@ -18,7 +18,9 @@ The parts (bytes resident), in the order they are attributed:
   as llama.cpp first writes them, so the figure is their resident part where the caller
   can tell it (``KnownParts.llama_context_resident``), else their size;
 * ``prompt_cache``: the prompt checkpoints' bytes (daemon/generation/prompt_cache.py);
-* ``trees``: the suffix trees' bytes as the native trees count them (Engine.memory());
+* ``trees``: the suffix trees' bytes as the native trees count them (Engine.memory():
+  their vectors' capacity, of which the last doubling may not be written yet, so a part
+  of it may not be resident: ``unattributed`` then goes below 0 by that much);
 * ``malloc_in_use``: every other block glibc's malloc has handed out and not had back
   (``uordblks`` + ``hblkhd`` less the three above): Python's objects over 512 bytes,
   numpy arrays, gRPC's buffers, LMDB's and the tokenizer's allocations;
@@ -29,8 +31,10 @@ The parts (bytes resident), in the order they are attributed:
 * ``stacks``: the resident pages of thread stacks (the main one and every thread's,
   found in smaps by their guard page);
 * ``unattributed``: what is left: mostly Python's small objects (pymalloc's 1 MiB
-  arenas, mapped outside malloc), and the error of the estimates above (negative when
-  a part was over-estimated, e.g. a llama.cpp buffer not yet written).
+  arenas, mapped outside malloc), and the error of the estimates above: a part counted
+  at its allocated size whose pages are not all written yet (the trees' capacity, a
+  block malloc mapped on its own and zero-filled by the kernel) makes it negative. Soaks
+  measured it between -30 and +0 MiB (BENCHMARKS.md).
 
 Why smaps and not only mallinfo: ``fordblks`` counts free memory that ``malloc_trim``
 already returned to the kernel (``MADV_DONTNEED``), so it over-states what the arenas
