@@ -126,19 +126,23 @@ class DaemonProcess(LocalDaemon):
     process's own model, and two llama.cpp thread pools on two cores slow each other down
     many times over (one test took 190 s instead of 40). So test daemons never measure
     (``SUFFIXD_COST_ROUNDS=0``: conservative costs, or what the data dir stores), except
-    in a module about the measurement, which sets ``DAEMONS_MEASURE = True``.
+    in a module about the measurement, which sets ``DAEMONS_MEASURE = True`` (and
+    ``DAEMONS_MEASURE_SIZES = n`` where batch sizes 1 to n are all its tests need of the
+    profile: the measurement's time grows with the square of the largest size).
     """
 
     measure_costs = False  # set per test module by the autouse fixture below
+    measure_sizes: int | None = None
 
     def __init__(self, data_dir: Path, args: Sequence[str] = (), env: dict[str, str] | None = None,
                  log_path: Path | None = None) -> None:
         # Test daemons load the verifier on first generate, not at start-up: most never
         # generate, and a background load would cost each ~20 s of CPU. Where they measure
         # their costs, one round, not five: a tenth of the CPU.
+        sizes = {"SUFFIXD_COST_SIZES": str(self.measure_sizes)} if self.measure_sizes else {}
         super().__init__(data_dir, args, {"SUFFIXD_MODEL_LOAD": "first-use",
                                           "SUFFIXD_COST_ROUNDS": "1" if self.measure_costs
-                                          else "0", **(env or {})}, log_path)
+                                          else "0", **sizes, **(env or {})}, log_path)
 
     def launch_command(self) -> list[str]:
         return dies_with_parent(self.command())
@@ -187,8 +191,10 @@ def _daemons_measure(request: pytest.FixtureRequest) -> Iterator[None]:
     """Autouse, module-wide (so before the module's own daemon fixtures): whether this
     module's daemons measure their costs (DaemonProcess)."""
     DaemonProcess.measure_costs = getattr(request.module, "DAEMONS_MEASURE", False)
+    DaemonProcess.measure_sizes = getattr(request.module, "DAEMONS_MEASURE_SIZES", None)
     yield
     DaemonProcess.measure_costs = False
+    DaemonProcess.measure_sizes = None
 
 
 @pytest.fixture

@@ -43,6 +43,8 @@ from tests.conftest import DaemonProcess, wait_costs_measured
 
 # tests/conftest.py: every daemon here measures its costs (the tests are about that)
 DAEMONS_MEASURE = True
+# the profile's sizes 1-8 are all these tests read (a third of the measurement's time)
+DAEMONS_MEASURE_SIZES = 8
 
 COSTS = StoredCosts(raw={1: 0.020, 2: 0.024, 4: 0.027, 8: 0.036},
                     padded={(3, 4): 0.026, (5, 8): 0.035}, draft_seconds_per_token=0.004)

@@ -22,6 +22,8 @@ from tests.conftest import DaemonProcess, wait_costs_measured
 
 # tests/conftest.py: every daemon here measures its costs (the tests are about that)
 DAEMONS_MEASURE = True
+# the profile's sizes 1-8 are all these tests read (a third of the measurement's time)
+DAEMONS_MEASURE_SIZES = 8
 
 # One round of the cost measurement (a quicker, noisier profile, stored under its own key).
 ENV = {"SUFFIXD_COST_ROUNDS": "1"}
