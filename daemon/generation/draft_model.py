@@ -83,6 +83,9 @@ class DraftModel:
             n_ctx=n_ctx or target.n_ctx,
             n_threads=n_threads or target.n_threads,
             n_slots=1,
+            # one slot following one context by prefix reuse: prompt checkpoints would
+            # only hold memory (the default budget is 1 GiB)
+            prompt_cache_mb=0,
         )
         try:
             check_vocabulary(target, self._llm, self.path)
