@@ -26,11 +26,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import lmdb
 
 from .store_errors import DiskFullError, free_bytes, is_disk_full
+from .store_files import DAMAGE, damaged
 from .store_layout import Databases
 from .store_records import Txn
 
@@ -142,6 +144,8 @@ class GroupCommitWriter:
                 except BaseException as exc:
                     txn.abort()
                     path = self.env.path()
+                    if isinstance(exc, DAMAGE):  # as reads say it: the file, the way out
+                        raise damaged(Path(path), exc) from None
                     if isinstance(exc, (lmdb.Error, OSError)) and is_disk_full(path, exc):
                         raise DiskFullError(
                             f"disk full: the store {path} cannot take this write "

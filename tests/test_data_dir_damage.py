@@ -213,6 +213,19 @@ def test_damaged_pages_found_by_a_read_are_the_same_error(tmp_path: Path) -> Non
         assert s.iter_sessions() == []  # the store stays usable where it can be read
 
 
+def test_damaged_pages_found_by_a_write_are_the_same_error(tmp_path: Path) -> None:
+    """A write that reaches a damaged page (here: adding to the sequences' damaged leaf)
+    fails with the reads' error naming the file and the way out, not LMDB's own."""
+    store = tmp_path / "store"
+    _populated_store(store)
+    assert _break_sequence_pages(store / "data.mdb")
+    with Store(store) as s:
+        with pytest.raises(StoreFileError, match=r"data\.mdb is not a readable LMDB store "
+                                                 r"\(.*MDB_CORRUPTED"):
+            s.write(lambda t: t.add_sequence("ns", "response", [1, 2, 3]))
+        assert s.iter_sessions() == []  # reads of what the damage spares still answer
+
+
 def test_a_background_rebuild_that_meets_damaged_pages_says_it_failed(
         tmp_path: Path) -> None:
     """Before: the rebuild thread died in a traceback and ``rebuilding`` stayed true."""
