@@ -59,10 +59,6 @@ def start_redis(workdir: Path) -> RedisServer:
         raise SystemExit(str(exc)) from None
 
 
-# bench/soak.py imports it by this name (until it takes RedisServer itself)
-Redis = start_redis
-
-
 def _fleet_status(target: str) -> dict[str, Any]:
     from suffixd.client import Client
 

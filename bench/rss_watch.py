@@ -1,5 +1,5 @@
 """The daemons' memory over a soak: RSS and its parts sampled every few seconds, and
-whether RSS is flat at the end (bench/soak.py ``--memory-interval``).
+whether RSS is flat at the end (bench/soak/, ``--memory-interval``).
 
 Each sample asks a node's first Stats page for its process memory (Stats'
 ``process_memory_json``: RSS split into model weights, libraries, llama.cpp's context,

@@ -1,6 +1,6 @@
 """glibc's allocator, set for a long-running daemon of many threads, and trimmed.
 
-An 8-minute soak (bench/soak.py, one node, 16 clients) showed the free memory glibc's
+An 8-minute soak (bench/soak/, one node, 16 clients) showed the free memory glibc's
 arenas keep resident (the process memory's ``malloc_free``) growing 56 -> 102 MiB while
 what was in use stayed flat. Two causes, two settings made at start (``tune``):
 
