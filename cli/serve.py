@@ -45,6 +45,12 @@ import click
                    "begins with (0: off).")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
               help="CPU threads of the verifier.")
+@click.option("--deterministic/--no-deterministic", default=None,
+              help="Evaluate every row with the same kernels whatever its batch (no "
+                   "repacked weights, no tiled matrix product, no one-row ubatch), so "
+                   "greedy output is the same token for token with or without drafts, "
+                   "alone or sharing steps [default: off; "
+                   "or $SUFFIXD_DETERMINISTIC=1/0]. On, a failed start-up check fails the load.")
 @click.option("--n-gpu-layers", type=click.IntRange(min=0), default=0, show_default=True,
               help="Layers offloaded to the GPU (needs a GPU build of llama-cpp-python).")
 @click.option("--workers", type=int, default=32, show_default=True, help="RPC worker threads.")
@@ -122,6 +128,7 @@ def serve(
     kv_slots: int,
     prompt_cache_mb: int,
     threads: int,
+    deterministic: bool | None,
     n_gpu_layers: int,
     workers: int,
     global_budget_tokens: int,
@@ -201,6 +208,8 @@ def serve(
         },
     )
     cfg.extra["prompt_cache_mb"] = prompt_cache_mb  # 0 (off) must reach the verifier
+    if deterministic is not None:  # False (off) must reach it too
+        cfg.extra["deterministic"] = deterministic
     if fleet:
         cfg.extra["fleet_options"] = {"prefix": fleet_prefix, "max_backlog": fleet_max_backlog,
                                       "max_entries": fleet_max_entries}

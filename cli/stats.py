@@ -163,6 +163,12 @@ def _generator_lines(g: Mapping[str, Any]) -> list[str]:
     elif source:
         costs += f"  ({source})"
     out = [f"verifier {g['model']}", f"  cost of verifying k tokens (x one token): {costs}"]
+    det = g.get("determinism")
+    if det:
+        out.append("  deterministic: " + (
+            "on (greedy output does not depend on drafts, batching or load)" if det.get("on")
+            else f"off ({det['why']})" if det.get("why")
+            else "off (greedy output equals plain decoding up to near-ties)"))
     if g["batch_padding"]:
         out.append("  padded batches: " + "  ".join(
             f"{k}->{v}" for k, v in sorted(g["batch_padding"].items())))
@@ -372,6 +378,7 @@ def _generator_status(client: Any) -> dict[str, Any] | None:
         "batching": json.loads(r.batching) if r.batching else None,
         "prompt_cache": json.loads(r.prompt_cache) if r.prompt_cache else None,
         "cost_profile_source": r.cost_profile_source,
+        "determinism": json.loads(r.determinism) if r.determinism else None,
     }
 
 

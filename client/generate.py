@@ -104,4 +104,5 @@ def status_to_dict(r: gpb.GeneratorStatusResponse) -> dict[str, Any]:
         "batching": json.loads(r.batching) if r.batching else None,
         "prompt_cache": json.loads(r.prompt_cache) if r.prompt_cache else None,
         "cost_profile_source": r.cost_profile_source,
+        "determinism": json.loads(r.determinism) if r.determinism else None,
     }

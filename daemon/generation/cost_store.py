@@ -89,13 +89,16 @@ def profile_key(
     rounds: int,
     draft_model: Path | None = None,
     sizes: int = 33,
+    deterministic: bool = False,
 ) -> dict[str, Any]:
     """What a measured profile depends on. ``n_ctx`` (per slot) sets the measurement's
     context length when small; ``n_slots`` the context's KV streams; ``extra_buffers``
     and the llama.cpp build which kernels run; the CPU and the cores it may use how fast
     they run, and OpenMP's wait policy how much each decode pays to wake its threads;
     ``rounds`` how many repetitions the fastest time was taken over; ``sizes`` the largest
-    batch timed (a key without it is the default's, so stored profiles stay valid)."""
+    batch timed (a key without it is the default's, so stored profiles stay valid);
+    ``deterministic`` the verifier's deterministic mode (other kernels, padded one-row
+    decodes; in the key only when on, for the same reason)."""
     import llama_cpp
 
     try:
@@ -127,6 +130,8 @@ def profile_key(
     }
     if sizes != 33:
         key["sizes"] = sizes
+    if deterministic:
+        key["deterministic"] = True
     return key
 
 

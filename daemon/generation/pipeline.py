@@ -42,7 +42,6 @@ from ..common.errors import (
     NotFound,
     ResourceExhausted,
 )
-from ..model import extra_weight_buffers
 from .chat import ChatRenderer
 from .cost_measure import MAX_PROFILE_ROUNDS, MeasurementStopped
 from .cost_store import FILE_NAME as COST_FILE
@@ -76,6 +75,25 @@ COST_ROUNDS = 5
 # and its bonus row); SUFFIXD_COST_SIZES lowers it where the profile's upper sizes do not
 # matter (tests about the measurement's scheduling, quick experiments).
 COST_SIZES = 33
+# Deterministic mode when serve is given neither --deterministic nor --no-deterministic
+# (see BENCHMARKS.md, "Deterministic mode", for what it costs)
+DETERMINISTIC_DEFAULT = False
+
+
+def deterministic_choice(option: bool | None) -> bool | None:
+    """Whether the verifier runs in deterministic mode: ``serve --deterministic`` /
+    ``--no-deterministic`` (True / False), else ``SUFFIXD_DETERMINISTIC`` (1 / 0), else
+    None: the default, ``DETERMINISTIC_DEFAULT``, which falls back to the ordinary
+    kernels (with a warning) where the mode's start-up check fails, where an explicit
+    request fails the model's load instead."""
+    if option is not None:
+        return bool(option)
+    env = os.environ.get("SUFFIXD_DETERMINISTIC", "").strip().lower()
+    if env in ("1", "on", "true", "yes"):
+        return True
+    if env in ("0", "off", "false", "no"):
+        return False
+    return None if DETERMINISTIC_DEFAULT else False
 
 
 def cost_sizes() -> int:
@@ -120,6 +138,7 @@ class Runtime:
                         "unless the CPU is shared with other busy work")
         opts = getattr(getattr(engine, "serve_config", None), "extra", None) or {}
         n_gpu_layers = int(opts.get("n_gpu_layers") or 0)
+        asked = deterministic_choice(opts.get("deterministic"))
         self.verifier = Verifier(
             path,
             n_ctx=int(opts.get("ctx_size") or os.environ.get("SUFFIXD_N_CTX", "8192")),
@@ -128,7 +147,12 @@ class Runtime:
             n_gpu_layers=n_gpu_layers,
             prompt_cache_mb=int(opts.get("prompt_cache_mb", DEFAULT_PROMPT_CACHE_MB)),
             n_ubatch=int(os.environ.get("SUFFIXD_N_UBATCH", "0")) or None,
+            deterministic=asked is not False,
         )
+        if asked and not self.verifier.deterministic:
+            why = self.verifier.determinism.get("why", "")
+            self.verifier.close()
+            raise FailedPrecondition(f"--deterministic: {why}")
         # SUFFIXD_JOINT_DRAFTS=0: shared steps keep every draft as its drafter cut it
         # (the comparison BENCHMARKS.md reports)
         self.verifier.joint_drafts = os.environ.get("SUFFIXD_JOINT_DRAFTS", "1") != "0"
@@ -185,8 +209,8 @@ class Runtime:
             key = profile_key(model, n_threads=v.n_threads, n_batch=v.n_batch,
                               n_ubatch=v.n_ubatch, n_ctx=v.n_ctx,
                               n_slots=v.n_slots, n_gpu_layers=n_gpu_layers,
-                              extra_buffers=extra_weight_buffers(), rounds=self.rounds,
-                              sizes=self.sizes,
+                              extra_buffers=v.extra_buffers, rounds=self.rounds,
+                              sizes=self.sizes, deterministic=v.deterministic,
                               draft_model=Path(draft_path) if draft_path else None)
         except OSError as exc:  # the model file went away after loading: measure, keep none
             log.warning("verifier costs will not be stored: %s", exc)

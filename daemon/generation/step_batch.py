@@ -429,9 +429,11 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
               rate: float, pad_to: Callable[[int, int], int] | None = None,
               model: StepCostModel | None = None,
               logit_rows: Callable[[int, int], int] | None = None,
-              n_ubatch: int | None = None) -> list[StepRows]:
+              n_ubatch: int | None = None, no_single_rows: bool = False) -> list[StepRows]:
     """Choose this step's requests and set their ``kept``, ``rows`` and ``offset``; the
-    rest wait for the next step. Never empty when ``pending`` is not."""
+    rest wait for the next step. Never empty when ``pending`` is not. ``no_single_rows``
+    (the verifier's deterministic mode): no ubatch takes one row of a sequence
+    (``_no_single_row_ubatches``)."""
     decodes = [r for r in pending if not r.prompt]
     prompts = [r for r in pending if r.prompt]
     budget = n_batch - (min(PROMPT_RESERVE, n_batch // 2) if prompts else 0)
@@ -484,6 +486,8 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
     chosen.sort(key=lambda r: r.seq_id)
     if _keep_decodes_whole(chosen, n_ubatch or n_batch) and logit_rows is not None:
         _ask_padding_logits([r for r in chosen if not r.prompt], logit_rows)
+    if no_single_rows:
+        chosen = _no_single_row_ubatches(chosen, n_batch, n_ubatch or n_batch)
     offset = 0
     for r in chosen:
         r.offset = offset
@@ -518,6 +522,56 @@ def _keep_decodes_whole(batch: list[StepRows], n_ubatch: int) -> bool:
                 cut = any_cut = True
         if not cut:
             return any_cut
+
+
+def _single_row_ubatches(batch: Sequence[StepRows], n_ubatch: int) -> list[tuple[int, int]]:
+    """(index in ``batch``, rows it has left there) of every member of a ubatch of
+    llama.cpp's split that takes a single row of each of its sequences."""
+    entries = [Entry(r.seq_id, r.rows, r.outputs, r.pos0, r.prompt) for r in batch]
+    return [(i, batch[i].rows - first)
+            for u in split_equal(entries, n_ubatch) if u.depth == 1
+            for i, first in zip(u.members, u.first, strict=True)]
+
+
+def _no_single_row_ubatches(batch: list[StepRows], n_batch: int,
+                            n_ubatch: int) -> list[StepRows]:
+    """The step with no ubatch taking a single row of a sequence (``batch`` in batch
+    order; returns the requests the step keeps).
+
+    Deterministic mode: ggml-cpu multiplies one row of activations by other kernels than
+    two or more (``llamafile_sgemm`` declines n < 2 and ggml's vec_dot, which sums in
+    another order, runs; for attention n is a sequence's rows in the ubatch), so such a row's
+    logits and K/V would differ in their last bits from the same position's in any other
+    batch shape (bench/batch_invariance_probe.py). A sequence with one row left where its
+    ubatch takes one is padded by a row (a prompt chunk's padding is rolled back after
+    the decode, as a decode's is), or, where the budget has no room, loses a padding row
+    or a prompt row; after each change the split is looked at again. If that does not
+    settle, the first request runs alone, two rows at least."""
+    for _ in range(4 * len(batch) + 4):
+        _keep_decodes_whole(batch, n_ubatch)
+        lone = [(i, left) for i, left in _single_row_ubatches(batch, n_ubatch) if left == 1]
+        if not lone:
+            return batch
+        used = sum(r.rows for r in batch)
+        for i, _left in lone:
+            r = batch[i]
+            if used < n_batch and r.rows < max(r.room, 2):
+                r.rows += 1
+                used += 1
+            elif r.rows > r.kept:
+                r.rows -= 1
+                r.logits = min(r.logits, r.rows)
+                used -= 1
+            elif r.prompt and r.kept > 1:
+                r.kept -= 1
+                r.rows -= 1
+                used -= 1
+        batch = [r for r in batch if r.rows > 0]
+    first = batch[0]
+    first.rows = max(2, min(first.rows, n_ubatch))
+    first.kept = min(first.kept, first.rows)
+    first.logits = min(first.logits, first.rows)
+    return [first]
 
 
 def _ask_padding_logits(decodes: Sequence[StepRows],
@@ -603,6 +657,8 @@ class StepBatcher:
         # EPYC: 33.6-34.5 s against 31.1-32.7 s; BENCHMARKS.md); it keeps fitting for
         # the status and SUFFIXD_STEP_MODEL=1.
         self.use_model = False
+        # No ubatch takes a single row of a sequence (the verifier's deterministic mode)
+        self.no_single_rows = False
         # SUFFIXD_STEP_LOG=PATH: one JSON line per step (its plan, duration and what each
         # sequence emitted), for finding where a benchmark's time went
         log_path = os.environ.get("SUFFIXD_STEP_LOG")
@@ -760,7 +816,7 @@ class StepBatcher:
         t_plan = time.perf_counter()
         batch = plan_step(self._pending, self.n_batch, self._cost, self.rate, self._pad_to,
                           self.model if self.use_model else None, self._logit_rows,
-                          self.model.n_ubatch)
+                          self.model.n_ubatch, self.no_single_rows)
         self.counters.plan_s += time.perf_counter() - t_plan
         taken = {id(r) for r in batch}
         self._pending = [r for r in self._pending if id(r) not in taken]

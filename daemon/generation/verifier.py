@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -45,7 +47,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..model import extra_weight_buffers
+from ..model import extra_weight_buffers, use_batch_invariant_kernels
 from ..model.llama_log import route_llama_logs
 from .certify import Certification, TokenGap, token_gap
 from .cost_measure import CostMeasurement, MeasurementStopped
@@ -54,6 +56,8 @@ from .kv_slots import ContextOverflowError as ContextOverflowError  # raised by 
 from .kv_slots import KvSlots, Slot
 from .sampling import SamplingNoise, race, speculative_sample, target_probs
 from .step_batch import Interrupted, StepBatcher, StepRows
+
+log = logging.getLogger("suffixd.verifier")
 
 # A checkpoint less than this past a continuing conversation's cached prompt does not
 # split its prompt while other generations step (see _generate).
@@ -246,20 +250,29 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         n_gpu_layers: int = 0,
         prompt_cache_mb: int = 1024,
         verbose: bool = False,
+        deterministic: bool = False,
     ) -> None:
         """``n_ctx``: the context of each session (KV slot), capped at the model's trained
         length; ``n_slots`` sessions keep their KV cache at once; ``prompt_cache_mb``:
-        host memory for prompt checkpoints shared across sessions (0: none)."""
+        host memory for prompt checkpoints shared across sessions (0: none);
+        ``deterministic``: a row's logits depend only on its sequence's tokens and its
+        position, not on the batch it is evaluated in (``determinism``)."""
         import llama_cpp
         from llama_cpp import _internals
 
         self._llama_cpp = llama_cpp
         self.model_path = Path(model_path)
         route_llama_logs()
+        if deterministic:
+            # before llama.cpp's first matrix product in this process: ggml reads it once
+            use_batch_invariant_kernels()
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
-        mparams.use_extra_bufts = extra_weight_buffers()
+        # Repacked weights multiply 4 rows at a time and the rest one by one (a row's
+        # logits then depend on its index in the batch): off in deterministic mode.
+        self.extra_buffers = extra_weight_buffers() and not deterministic
+        mparams.use_extra_bufts = self.extra_buffers
         self._model = _internals.LlamaModel(
             path_model=str(self.model_path), params=mparams, verbose=verbose
         )
@@ -294,7 +307,9 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=verbose)
         self._mem = self._ctx.memory
-        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx))
+        # deterministic: a cell kept free at the end of every slot, for the padding row of
+        # a last position's decode (no decode runs one row of a sequence)
+        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx)) - int(deterministic)
         self.n_swa = int(llama_cpp.llama_model_n_swa(self._model.model))
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
@@ -318,6 +333,55 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                                   lambda n: self._relative_cost(n),
                                   lambda n, limit: self._padding(n, limit), n_ubatch,
                                   lambda n, rows: self._logit_rows(n, rows))
+        self._steps.no_single_rows = deterministic
+        self.determinism: dict[str, Any] = {"on": False, "requested": deterministic}
+        if deterministic:
+            self._check_determinism()
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether a row's logits depend only on its sequence's tokens and position: the
+        mode was asked for and its start-up check found it holds."""
+        return bool(self.determinism["on"])
+
+    def _check_determinism(self) -> None:
+        """Deterministic mode's start-up check, on slot 0 before any session has it:
+        positions 3-11 of a made-up sequence evaluated as one 9-row batch (where the kernels
+        chosen by row count would differ: ggml's tiled K-quant product from 8 rows, the
+        repacked weights' 4-row blocks) and as batches of 1 (padded), 2, 3 and 3 rows must
+        give the same logits, bit for bit. They do not when llama.cpp ran a matrix
+        product in this process before GGML_CPU_TILED_MM was set (ggml reads it once), or
+        on a build whose kernels this mode does not know; the mode is then off and
+        ``determinism["why"]`` says so."""
+        t0 = time.perf_counter()
+        toks = [self.bos_token, *[(977 + 131 * i) % self.vocab_size for i in range(11)]]
+
+        def rows(shape: Sequence[int]) -> list[np.ndarray]:
+            self._seq_rm(0, 3)
+            out, pos = [], 3
+            for n in shape:
+                self._decode(0, toks[pos:pos + n], pos, all_logits=True)
+                out += [self._logits(i) for i in range(n)]
+                pos += n
+            return out
+
+        with self._turns:
+            self._llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1)
+            self._decode(0, toks[:3], 0, all_logits=False)
+            whole = rows([9])
+            parts = rows([1, 2, 3, 3])
+            self._llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1)
+        same = all(np.array_equal(a, b) for a, b in zip(whole, parts, strict=True))
+        self.determinism["check_s"] = round(time.perf_counter() - t0, 3)
+        self.determinism["on"] = same
+        if not same:
+            worst = max(float(np.abs(a - b).max()) for a, b in zip(whole, parts, strict=True))
+            tiled = os.environ.get("GGML_CPU_TILED_MM")
+            self.determinism["why"] = (
+                f"start-up check failed: a 9-row batch and batches of 1-3 rows gave logits "
+                f"up to {worst:.3g} apart (GGML_CPU_TILED_MM={tiled}; llama.cpp may have "
+                "run a matrix product in this process before it was set)")
+            log.warning("deterministic mode is off: %s", self.determinism["why"])
 
     @property
     def _turns(self) -> AbstractContextManager[None]:
@@ -355,6 +419,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         queueing before their first step, and the cost measurement's progress and the
         load it ran under."""
         return {**self._steps.counters.as_dict(), "rate": round(self._steps.rate, 3),
+                "deterministic": self.deterministic,
                 "step_cost": self._steps.model.as_dict(),
                 "measurement": {"batches": self.measured_batches, **self.cost_load}}
 
@@ -438,7 +503,9 @@ class Verifier(KvSlots, CostMeasurement, Certification):
     def _run_step(self, batch: list[StepRows]) -> None:
         """One decode of a planned step: each request's kept tokens then its padding (the
         last kept token again; logits only where the plan asks, ``StepRows.outputs``),
-        at its own sequence and positions."""
+        at its own sequence and positions. A prompt chunk's padding (deterministic mode's
+        plan pads a chunk that would be a ubatch's single row) is rolled back here; a
+        decode's with its rejected draft."""
         if self._closed:  # freed: a decode now would touch freed memory
             raise RuntimeError("verifier is closed")
         rows = []
@@ -446,10 +513,30 @@ class Verifier(KvSlots, CostMeasurement, Certification):
             toks = r.tokens[: r.kept]
             rows.append((r.seq_id, toks + [toks[-1]] * (r.rows - r.kept), r.pos0, r.outputs))
         self._decode_rows(rows)
+        for r in batch:
+            if r.prompt and r.rows > r.kept:
+                with self._mem_lock:
+                    self._seq_rm(r.seq_id, r.pos0 + r.kept)
 
     def _decode_rows(self, rows: Sequence[tuple[int, Sequence[int], int, int]]) -> None:
         """One ``llama_decode`` of (sequence, tokens, first position, rows with logits) each
-        (the last row has logits when none asks for any)."""
+        (the last row has logits when none asks for any). In deterministic mode a single
+        sequence's decode that would leave llama.cpp a one-row ubatch gets a padding row
+        (no logits, rolled back after; a step's plan sees to its own, ``plan_step``)."""
+        pad = 0
+        if self._steps.no_single_rows and len(rows) == 1 and \
+                len(rows[0][1]) % self.n_ubatch == 1 and len(rows[0][1]) < self.n_batch:
+            seq_id, tokens, pos0, outputs = rows[0]
+            rows = [(seq_id, [*tokens, tokens[-1]], pos0, outputs)]
+            pad = 1
+        self._decode_batch(rows, pad)
+        if pad:
+            seq_id, tokens, pos0, _ = rows[0]
+            with self._mem_lock:
+                self._seq_rm(seq_id, pos0 + len(tokens) - pad)
+
+    def _decode_batch(self, rows: Sequence[tuple[int, Sequence[int], int, int]],
+                      pad: int) -> None:
         b = self._batch.batch
         n = 0
         for seq_id, tokens, pos0, outputs in rows:
@@ -462,7 +549,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                 n += 1
         b.n_tokens = n
         if not any(outputs > 0 for *_, outputs in rows):
-            b.logits[n - 1] = True
+            b.logits[n - 1 - pad] = True
         rc = self._llama_cpp.llama_decode(self._ctx.ctx, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed ({rc}): KV cache full or bad batch")

@@ -106,6 +106,7 @@ class GeneratorServicer(gpb_grpc.GeneratorServicer):
             out.draft_model = draft_model_status(rt)
             out.batching = json.dumps(rt.verifier.batch_stats())
             out.prompt_cache = json.dumps(rt.verifier.prompt_cache.as_dict())
+            out.determinism = json.dumps(rt.verifier.determinism)
         return out
 
     def Generate(

@@ -12,6 +12,7 @@ from .files import (
     llama_defaults,
     packaged_model_path,
     resolve_model_path,
+    use_batch_invariant_kernels,
 )
 from .tokenizer import Tokenizer
 
@@ -25,4 +26,5 @@ __all__ = [
     "llama_defaults",
     "packaged_model_path",
     "resolve_model_path",
+    "use_batch_invariant_kernels",
 ]

@@ -95,6 +95,16 @@ def extra_weight_buffers() -> bool:
     return "AMX_INT8 = 1" not in info
 
 
+def use_batch_invariant_kernels() -> None:
+    """Turn off ggml-cpu's tiled K-quant matrix product (``GGML_CPU_TILED_MM=0``) for this
+    process: it takes over from ggml's row-by-row dot products at 8 rows of activations
+    and sums in another order, so a row's logits would depend on how many rows its batch
+    has (bench/batch_invariance_probe.py). ggml reads the variable once, at the first
+    matrix product of the process, so this must run before any model evaluates anything
+    (the verifier's deterministic mode calls it first and then checks that it held)."""
+    os.environ["GGML_CPU_TILED_MM"] = "0"
+
+
 @contextlib.contextmanager
 def llama_defaults() -> Iterator[None]:
     """While open, ``llama_cpp.Llama`` loads models with ``use_extra_bufts`` as

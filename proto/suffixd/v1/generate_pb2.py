@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19suffixd/v1/generate.proto\x12\nsuffixd.v1\"\x18\n\x16GeneratorStatusRequest\"\xbb\x03\n\x17GeneratorStatusResponse\x12\x0e\n\x06loaded\x18\x01 \x01(\x08\x12\r\n\x05model\x18\x02 \x01(\t\x12J\n\x0c\x63ost_profile\x18\x03 \x03(\x0b\x32\x34.suffixd.v1.GeneratorStatusResponse.CostProfileEntry\x12L\n\rbatch_padding\x18\x04 \x03(\x0b\x32\x35.suffixd.v1.GeneratorStatusResponse.BatchPaddingEntry\x12\x13\n\x0b\x64raft_model\x18\x05 \x01(\t\x12\r\n\x05phase\x18\x06 \x01(\t\x12\x15\n\rphase_seconds\x18\x07 \x01(\x01\x12\x10\n\x08\x62\x61tching\x18\x08 \x01(\t\x12\x1b\n\x13\x63ost_profile_source\x18\t \x01(\t\x12\x14\n\x0cprompt_cache\x18\n \x01(\t\x1a\x32\n\x10\x43ostProfileEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11\x42\x61tchPaddingEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.suffixd.v1.ChatMessage\"\x1b\n\x0cPromptTokens\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xdb\x02\n\x0fGenerateRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12*\n\x06tokens\x18\x04 \x01(\x0b\x32\x18.suffixd.v1.PromptTokensH\x00\x12,\n\x08messages\x18\x05 \x01(\x0b\x32\x18.suffixd.v1.ChatMessagesH\x00\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\x12\x13\n\x0btemperature\x18\x07 \x01(\x02\x12\r\n\x05top_p\x18\x08 \x01(\x02\x12\r\n\x05top_k\x18\t \x01(\r\x12\x11\n\x04seed\x18\n \x01(\x04H\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x0e\n\x06no_bos\x18\x0c \x01(\x08\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12\x18\n\x10max_draft_tokens\x18\x0e \x01(\rB\x08\n\x06promptB\x07\n\x05_seed\"A\n\x0cSourceTotals\x12\r\n\x05steps\x18\x01 \x01(\r\x12\x10\n\x08proposed\x18\x02 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\r\"\xa1\x03\n\x0eGenerateTotals\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\x12\r\n\x05steps\x18\x04 \x01(\r\x12\x16\n\x0e\x64rafted_tokens\x18\x05 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x06 \x01(\r\x12\x16\n\x0eprompt_seconds\x18\x07 \x01(\x01\x12\x1b\n\x13\x66irst_token_seconds\x18\x08 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_seconds\x18\t \x01(\x01\x12\x15\n\rtotal_seconds\x18\n \x01(\x01\x12;\n\tby_source\x18\x0b \x03(\x0b\x32(.suffixd.v1.GenerateTotals.BySourceEntry\x12\x13\n\x0b\x64raft_model\x18\x0c \x01(\t\x1aI\n\rBySourceEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.suffixd.v1.SourceTotals:\x02\x38\x01\"\xa7\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x10\n\x08proposed\x18\x04 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\r\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12*\n\x06totals\x18\x07 \x01(\x0b\x32\x1a.suffixd.v1.GenerateTotals2\xad\x01\n\tGenerator\x12\x44\n\x08Generate\x12\x1b.suffixd.v1.GenerateRequest\x1a\x19.suffixd.v1.GenerateChunk0\x01\x12Z\n\x0fGeneratorStatus\x12\".suffixd.v1.GeneratorStatusRequest\x1a#.suffixd.v1.GeneratorStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19suffixd/v1/generate.proto\x12\nsuffixd.v1\"\x18\n\x16GeneratorStatusRequest\"\xd0\x03\n\x17GeneratorStatusResponse\x12\x0e\n\x06loaded\x18\x01 \x01(\x08\x12\r\n\x05model\x18\x02 \x01(\t\x12J\n\x0c\x63ost_profile\x18\x03 \x03(\x0b\x32\x34.suffixd.v1.GeneratorStatusResponse.CostProfileEntry\x12L\n\rbatch_padding\x18\x04 \x03(\x0b\x32\x35.suffixd.v1.GeneratorStatusResponse.BatchPaddingEntry\x12\x13\n\x0b\x64raft_model\x18\x05 \x01(\t\x12\r\n\x05phase\x18\x06 \x01(\t\x12\x15\n\rphase_seconds\x18\x07 \x01(\x01\x12\x10\n\x08\x62\x61tching\x18\x08 \x01(\t\x12\x1b\n\x13\x63ost_profile_source\x18\t \x01(\t\x12\x14\n\x0cprompt_cache\x18\n \x01(\t\x12\x13\n\x0b\x64\x65terminism\x18\x0b \x01(\t\x1a\x32\n\x10\x43ostProfileEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11\x42\x61tchPaddingEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.suffixd.v1.ChatMessage\"\x1b\n\x0cPromptTokens\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xdb\x02\n\x0fGenerateRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12*\n\x06tokens\x18\x04 \x01(\x0b\x32\x18.suffixd.v1.PromptTokensH\x00\x12,\n\x08messages\x18\x05 \x01(\x0b\x32\x18.suffixd.v1.ChatMessagesH\x00\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\x12\x13\n\x0btemperature\x18\x07 \x01(\x02\x12\r\n\x05top_p\x18\x08 \x01(\x02\x12\r\n\x05top_k\x18\t \x01(\r\x12\x11\n\x04seed\x18\n \x01(\x04H\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x0e\n\x06no_bos\x18\x0c \x01(\x08\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12\x18\n\x10max_draft_tokens\x18\x0e \x01(\rB\x08\n\x06promptB\x07\n\x05_seed\"A\n\x0cSourceTotals\x12\r\n\x05steps\x18\x01 \x01(\r\x12\x10\n\x08proposed\x18\x02 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\r\"\xa1\x03\n\x0eGenerateTotals\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\x12\r\n\x05steps\x18\x04 \x01(\r\x12\x16\n\x0e\x64rafted_tokens\x18\x05 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x06 \x01(\r\x12\x16\n\x0eprompt_seconds\x18\x07 \x01(\x01\x12\x1b\n\x13\x66irst_token_seconds\x18\x08 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_seconds\x18\t \x01(\x01\x12\x15\n\rtotal_seconds\x18\n \x01(\x01\x12;\n\tby_source\x18\x0b \x03(\x0b\x32(.suffixd.v1.GenerateTotals.BySourceEntry\x12\x13\n\x0b\x64raft_model\x18\x0c \x01(\t\x1aI\n\rBySourceEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.suffixd.v1.SourceTotals:\x02\x38\x01\"\xa7\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x10\n\x08proposed\x18\x04 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\r\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12*\n\x06totals\x18\x07 \x01(\x0b\x32\x1a.suffixd.v1.GenerateTotals2\xad\x01\n\tGenerator\x12\x44\n\x08Generate\x12\x1b.suffixd.v1.GenerateRequest\x1a\x19.suffixd.v1.GenerateChunk0\x01\x12Z\n\x0fGeneratorStatus\x12\".suffixd.v1.GeneratorStatusRequest\x1a#.suffixd.v1.GeneratorStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,27 +40,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATORSTATUSREQUEST']._serialized_start=41
   _globals['_GENERATORSTATUSREQUEST']._serialized_end=65
   _globals['_GENERATORSTATUSRESPONSE']._serialized_start=68
-  _globals['_GENERATORSTATUSRESPONSE']._serialized_end=511
-  _globals['_GENERATORSTATUSRESPONSE_COSTPROFILEENTRY']._serialized_start=408
-  _globals['_GENERATORSTATUSRESPONSE_COSTPROFILEENTRY']._serialized_end=458
-  _globals['_GENERATORSTATUSRESPONSE_BATCHPADDINGENTRY']._serialized_start=460
-  _globals['_GENERATORSTATUSRESPONSE_BATCHPADDINGENTRY']._serialized_end=511
-  _globals['_CHATMESSAGE']._serialized_start=513
-  _globals['_CHATMESSAGE']._serialized_end=557
-  _globals['_CHATMESSAGES']._serialized_start=559
-  _globals['_CHATMESSAGES']._serialized_end=616
-  _globals['_PROMPTTOKENS']._serialized_start=618
-  _globals['_PROMPTTOKENS']._serialized_end=645
-  _globals['_GENERATEREQUEST']._serialized_start=648
-  _globals['_GENERATEREQUEST']._serialized_end=995
-  _globals['_SOURCETOTALS']._serialized_start=997
-  _globals['_SOURCETOTALS']._serialized_end=1062
-  _globals['_GENERATETOTALS']._serialized_start=1065
-  _globals['_GENERATETOTALS']._serialized_end=1482
-  _globals['_GENERATETOTALS_BYSOURCEENTRY']._serialized_start=1409
-  _globals['_GENERATETOTALS_BYSOURCEENTRY']._serialized_end=1482
-  _globals['_GENERATECHUNK']._serialized_start=1485
-  _globals['_GENERATECHUNK']._serialized_end=1652
-  _globals['_GENERATOR']._serialized_start=1655
-  _globals['_GENERATOR']._serialized_end=1828
+  _globals['_GENERATORSTATUSRESPONSE']._serialized_end=532
+  _globals['_GENERATORSTATUSRESPONSE_COSTPROFILEENTRY']._serialized_start=429
+  _globals['_GENERATORSTATUSRESPONSE_COSTPROFILEENTRY']._serialized_end=479
+  _globals['_GENERATORSTATUSRESPONSE_BATCHPADDINGENTRY']._serialized_start=481
+  _globals['_GENERATORSTATUSRESPONSE_BATCHPADDINGENTRY']._serialized_end=532
+  _globals['_CHATMESSAGE']._serialized_start=534
+  _globals['_CHATMESSAGE']._serialized_end=578
+  _globals['_CHATMESSAGES']._serialized_start=580
+  _globals['_CHATMESSAGES']._serialized_end=637
+  _globals['_PROMPTTOKENS']._serialized_start=639
+  _globals['_PROMPTTOKENS']._serialized_end=666
+  _globals['_GENERATEREQUEST']._serialized_start=669
+  _globals['_GENERATEREQUEST']._serialized_end=1016
+  _globals['_SOURCETOTALS']._serialized_start=1018
+  _globals['_SOURCETOTALS']._serialized_end=1083
+  _globals['_GENERATETOTALS']._serialized_start=1086
+  _globals['_GENERATETOTALS']._serialized_end=1503
+  _globals['_GENERATETOTALS_BYSOURCEENTRY']._serialized_start=1430
+  _globals['_GENERATETOTALS_BYSOURCEENTRY']._serialized_end=1503
+  _globals['_GENERATECHUNK']._serialized_start=1506
+  _globals['_GENERATECHUNK']._serialized_end=1673
+  _globals['_GENERATOR']._serialized_start=1676
+  _globals['_GENERATOR']._serialized_end=1849
 # @@protoc_insertion_point(module_scope)

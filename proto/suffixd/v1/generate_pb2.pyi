@@ -11,7 +11,7 @@ class GeneratorStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GeneratorStatusResponse(_message.Message):
-    __slots__ = ("loaded", "model", "cost_profile", "batch_padding", "draft_model", "phase", "phase_seconds", "batching", "cost_profile_source", "prompt_cache")
+    __slots__ = ("loaded", "model", "cost_profile", "batch_padding", "draft_model", "phase", "phase_seconds", "batching", "cost_profile_source", "prompt_cache", "determinism")
     class CostProfileEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class GeneratorStatusResponse(_message.Message):
     BATCHING_FIELD_NUMBER: _ClassVar[int]
     COST_PROFILE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_CACHE_FIELD_NUMBER: _ClassVar[int]
+    DETERMINISM_FIELD_NUMBER: _ClassVar[int]
     loaded: bool
     model: str
     cost_profile: _containers.ScalarMap[int, float]
@@ -46,7 +47,8 @@ class GeneratorStatusResponse(_message.Message):
     batching: str
     cost_profile_source: str
     prompt_cache: str
-    def __init__(self, loaded: _Optional[bool] = ..., model: _Optional[str] = ..., cost_profile: _Optional[_Mapping[int, float]] = ..., batch_padding: _Optional[_Mapping[int, int]] = ..., draft_model: _Optional[str] = ..., phase: _Optional[str] = ..., phase_seconds: _Optional[float] = ..., batching: _Optional[str] = ..., cost_profile_source: _Optional[str] = ..., prompt_cache: _Optional[str] = ...) -> None: ...
+    determinism: str
+    def __init__(self, loaded: _Optional[bool] = ..., model: _Optional[str] = ..., cost_profile: _Optional[_Mapping[int, float]] = ..., batch_padding: _Optional[_Mapping[int, int]] = ..., draft_model: _Optional[str] = ..., phase: _Optional[str] = ..., phase_seconds: _Optional[float] = ..., batching: _Optional[str] = ..., cost_profile_source: _Optional[str] = ..., prompt_cache: _Optional[str] = ..., determinism: _Optional[str] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
