@@ -11,11 +11,11 @@ a model forced into compact JSON leaves its distribution and degenerates).
 
 Where this converter departs from llama.cpp, it does so to keep a promise llama.cpp does not:
 
-* **Bounds** (``GrammarLimits``): every schema is measured while it is read and refused
-  (``SchemaLimitError``, a 400 naming the limit) before anything is built when it is
-  too deep, too large, repeats too much or takes too long; see ``DEFAULT_LIMITS`` for the
-  figures and why. Nothing a client sends reaches llama.cpp's grammar parser in a shape
-  that can exhaust its stack or its time.
+* **Bounds** (``GrammarLimits``, ``schema_limits.py``): every schema is measured while it
+  is read and refused (``SchemaLimitError``, a 400 naming the limit) before anything is
+  built when it is too deep, too large, repeats too much or takes too long; see
+  ``DEFAULT_LIMITS`` for the figures and why. Nothing a client sends reaches llama.cpp's
+  grammar parser in a shape that can exhaust its stack or its time.
 * **Numbers**: llama.cpp ignores ``minimum``/``maximum`` on ``number`` (the output can
   break the schema). Here a bounded number is written from a subset of the numbers the
   bounds admit (an integer in range, or a fraction strictly between two integers in
@@ -65,16 +65,23 @@ import importlib
 import json
 import math
 import re
-import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+# The limits pass lives in schema_limits; its names stay importable from here, where
+# grammar.py and the tests have always imported them (``X as X``: an explicit re-export).
+from .schema_limits import DEFAULT_LIMITS as DEFAULT_LIMITS
+from .schema_limits import UNBOUNDED as UNBOUNDED
+from .schema_limits import GrammarError as GrammarError
+from .schema_limits import GrammarLimits as GrammarLimits
+from .schema_limits import LimitsMeter
+from .schema_limits import SchemaLimitError as SchemaLimitError
+
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
-UNBOUNDED = -1  # a count without a maximum (maxItems / maxLength absent)
 
 # the whitespace between JSON tokens, as llama.cpp's converter writes it
 SPACE_RULE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
@@ -114,46 +121,6 @@ _LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}
 _NON_LITERAL = set("|.()[]{}*+?^$")
 _ESCAPED_IN_REGEX_ONLY = set("^$.[]()|{}*+?")
 MAX_PATTERN_DEPTH = 100  # llama.cpp's own limit on a pattern's parentheses
-
-
-class GrammarError(ValueError):
-    """A grammar that does not compile, a schema that cannot become one, or a token the
-    grammar cannot take."""
-
-
-class SchemaLimitError(GrammarError):
-    """A schema over one of ``GrammarLimits``: ``limit`` names it."""
-
-    def __init__(self, message: str, limit: str) -> None:
-        super().__init__(message)
-        self.limit = limit
-
-
-@dataclass(frozen=True)
-class GrammarLimits:
-    """What one request's schemas may ask for. The defaults leave room for what real agents
-    send (coding agents' tool lists: a few dozen tools of up to ~20 parameters, enums of a
-    few dozen values, string lengths in the hundreds or low thousands) and keep the worst
-    grammar they admit to milliseconds of conversion and compilation (BENCHMARKS.md, the
-    grammar bounds section)."""
-
-    max_depth: int = 32  # nested schemas (objects in arrays in objects ...), $ref hops included
-    max_nodes: int = 4_000  # schemas read in all (each property, item, alternative)
-    max_properties: int = 256  # properties of one object
-    max_enum: int = 1_000  # values of one enum
-    max_literal_bytes: int = 16_384  # one const / enum value, as JSON
-    max_repetition: int = 1_000  # minLength/maxLength/minItems/maxItems and {m,n} in patterns
-    max_pattern_chars: int = 2_000
-    max_rules: int = 5_000
-    max_grammar_bytes: int = 131_072
-    # llama.cpp expands x{m,n} into n rules when it parses the grammar: the sum over the
-    # grammar's counted repetitions is what its compile time follows (200 strings of
-    # maxLength 1000: 240 ms; 20,000 in all: ~25 ms)
-    max_expanded_repetitions: int = 20_000
-    max_seconds: float = 0.5  # conversion time of one request
-
-
-DEFAULT_LIMITS = GrammarLimits()
 
 
 # ---------------------------------------------------------------------------- the schema
@@ -217,7 +184,6 @@ _FORMAT_LENGTHS = {"date": (10, 10), "time": (9, 18), "date-time": (20, 29), "uu
 # multipleOf k without both bounds: k divides 10^d, and a multiple ends in one of the
 # 10^d / k suffixes of d digits (at most this many)
 MAX_MULTIPLE_SUFFIXES = 200
-MAX_ALTERNATIVES = 256  # allOf of anyOf/oneOf: the alternatives its distribution makes
 
 
 class _Unsatisfiable(GrammarError):
@@ -493,13 +459,12 @@ class _Reader:
     that constrains a value is honoured (the grammar writes only values that validate,
     a subset of them where the whole cannot be written) or refused by name."""
 
-    def __init__(self, root: Any, limits: GrammarLimits, deadline: float) -> None:
+    def __init__(self, root: Any, meter: LimitsMeter) -> None:
         self.root = root
-        self.limits = limits
-        self.deadline = deadline
+        self.meter = meter
+        self.limits = meter.limits
         self.refs: dict[str, Node | None] = {}
         self.empty_refs: set[str] = set()
-        self.nodes = 0
 
     # ------------------------------------------------------------------ errors
     def fail(self, path: str, msg: str) -> GrammarError:
@@ -512,18 +477,6 @@ class _Reader:
     def empty(self, path: str, what: str) -> _Unsatisfiable:
         return _Unsatisfiable(f"JSON schema error at {path}: {what} admits no value")
 
-    def over(self, path: str, what: str, limit: str, value: int) -> SchemaLimitError:
-        return SchemaLimitError(
-            f"{what} at {path} is over the limit of {value} ({limit})", limit)
-
-    def tick(self, path: str, depth: int) -> None:
-        if depth > self.limits.max_depth:
-            raise self.over(path, "the nesting of schemas", "max_depth", self.limits.max_depth)
-        if time.monotonic() > self.deadline:
-            raise SchemaLimitError(
-                f"reading the schema took longer than {self.limits.max_seconds} s (max_seconds)",
-                "max_seconds")
-
     def count(self, schema: Mapping[str, Any], key: str, path: str, default: int) -> int:
         if key not in schema:
             return default
@@ -532,9 +485,7 @@ class _Reader:
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise self.fail(path, f"{key} must be a non-negative integer")
-        if value > self.limits.max_repetition:
-            raise self.over(path, f"{key} {value}", "max_repetition",
-                            self.limits.max_repetition)
+        self.meter.repetition(path, key, value)
         return value
 
     # ------------------------------------------------------------------ schema shapes
@@ -733,10 +684,7 @@ class _Reader:
 
     # ------------------------------------------------------------------ reading
     def node(self, schema: Any, path: str, depth: int) -> Node:
-        self.nodes += 1
-        if self.nodes > self.limits.max_nodes:
-            raise self.over(path, "the number of schemas", "max_nodes", self.limits.max_nodes)
-        self.tick(path, depth)
+        self.meter.schema(path, depth)
         s = self.normalize(schema, path)
         if depth and isinstance(s.get("$id"), str) and ('"$ref"' in _dump(s)
                                                          or '"$dynamicRef"' in _dump(s)):
@@ -830,9 +778,7 @@ class _Reader:
             enum = s["enum"]
             if not isinstance(enum, list) or not enum:
                 raise self.fail(path, "enum must be a non-empty array")
-            if len(enum) > self.limits.max_enum:
-                raise self.over(path, f"an enum of {len(enum)} values", "max_enum",
-                                self.limits.max_enum)
+            self.meter.enum(path, len(enum))
             enum = [self.literal(v, path) for v in enum]
             values = [v for v in values if any(_json_equal(v, e) for e in enum)] \
                 if "const" in s else enum
@@ -846,9 +792,7 @@ class _Reader:
         return Node("enum", values=values)
 
     def literal(self, value: Any, path: str) -> Any:
-        if len(_dump(value).encode()) > self.limits.max_literal_bytes:
-            raise self.over(path, "a const or enum value", "max_literal_bytes",
-                            self.limits.max_literal_bytes)
+        self.meter.literal(path, _dump(value))
         return value
 
     def reference(self, ref: Any, path: str, depth: int) -> Node:
@@ -956,7 +900,7 @@ class _Reader:
 
     def distribute(self, parts: list[Any], path: str, depth: int, seen: frozenset[str],
                    ) -> list[dict[str, Any]]:
-        self.tick(path, depth)
+        self.meter.nesting(path, depth)
         merged: dict[str, Any] = {}
         simple: list[dict[str, Any]] = []
         groups: list[tuple[str, list[Any]]] = []
@@ -994,9 +938,7 @@ class _Reader:
                         if j != i and not self.disjoint(one, other, path):
                             raise self.overlap(path, min(i, j), max(i, j))
             out += found
-            if len(out) > MAX_ALTERNATIVES:
-                raise self.over(path, "the alternatives allOf makes of anyOf/oneOf",
-                                "max_nodes", MAX_ALTERNATIVES)
+            self.meter.alternatives(path, len(out))
         if not out:
             raise self.empty(path, key)
         return out
@@ -1121,9 +1063,7 @@ class _Reader:
         props = s.get("properties", {})
         if not isinstance(props, Mapping):
             raise self.fail(path, "properties must be an object")
-        if len(props) > self.limits.max_properties:
-            raise self.over(path, f"an object of {len(props)} properties",
-                            "max_properties", self.limits.max_properties)
+        self.meter.properties(path, len(props))
         patterns = s.get("patternProperties", {})
         depend = s.get("dependentRequired", {})
         dep_schemas = s.get("dependentSchemas", {})
@@ -1398,9 +1338,7 @@ class _Reader:
             pattern = schema["pattern"]
             if not isinstance(pattern, str):
                 raise self.fail(path, "pattern must be a string")
-            if len(pattern) > self.limits.max_pattern_chars:
-                raise self.over(path, f"a pattern of {len(pattern)} characters",
-                                "max_pattern_chars", self.limits.max_pattern_chars)
+            self.meter.pattern(path, pattern)
             node.pattern = pattern
         node.fmt = self.format(schema, path)
         node.min_count = self.count(schema, "minLength", path, 0)
@@ -1714,10 +1652,9 @@ class _Trie:
 class _Writer:
     """``Node``s into GBNF rules, named and ordered as llama.cpp names and orders them."""
 
-    def __init__(self, reader: _Reader, limits: GrammarLimits) -> None:
+    def __init__(self, reader: _Reader) -> None:
         self.refs = reader.refs
-        self.limits = limits
-        self.deadline = reader.deadline
+        self.meter = reader.meter
         self.rules: dict[str, str] = {"space": SPACE_RULE}
         self.resolving: set[str] = set()
         self.errors: list[str] = []
@@ -1732,18 +1669,7 @@ class _Writer:
             key = f"{key}{i}"
         if key not in self.rules:
             self.size += len(key) + len(rule) + 6
-            if len(self.rules) >= self.limits.max_rules:
-                raise SchemaLimitError(
-                    f"the grammar has more than {self.limits.max_rules} rules (max_rules)",
-                    "max_rules")
-            if self.size > self.limits.max_grammar_bytes:
-                raise SchemaLimitError(
-                    f"the grammar is larger than {self.limits.max_grammar_bytes} bytes "
-                    "(max_grammar_bytes)", "max_grammar_bytes")
-            if time.monotonic() > self.deadline:
-                raise SchemaLimitError(
-                    f"building the grammar took longer than {self.limits.max_seconds} s "
-                    "(max_seconds)", "max_seconds")
+            self.meter.rule(len(self.rules), self.size)
         self.rules[key] = rule
         return key
 
@@ -2167,12 +2093,7 @@ class _Writer:
                     if len(nums) not in (1, 2):
                         raise _Unsupported("wrong number of values in curly brackets")
                     lo, hi = _brace_counts(nums)
-                    for count in (lo, hi):
-                        if count != UNBOUNDED and count > self.limits.max_repetition:
-                            raise SchemaLimitError(
-                                f"the repetition {{{sub[i + 1:j]}}} in a pattern is over the "
-                                f"limit of {self.limits.max_repetition} (max_repetition)",
-                                "max_repetition")
+                    self.meter.pattern_repetition(sub[i + 1:j], lo, hi)
                     if not seq:
                         raise _InvalidPattern("nothing to repeat")
                     text, is_lit = seq[-1]
@@ -2222,13 +2143,7 @@ class _Writer:
         return self.add(name, f'"\\"" ({rule}) "\\""')
 
     def text(self) -> str:
-        expanded = sum(int(hi or lo) for body in self.rules.values()
-                       for lo, hi in _COUNTED.findall(body))
-        if expanded > self.limits.max_expanded_repetitions:
-            raise SchemaLimitError(
-                f"the grammar's counted repetitions add up to {expanded}, over the limit of "
-                f"{self.limits.max_expanded_repetitions} (max_expanded_repetitions)",
-                "max_expanded_repetitions")
+        self.meter.expanded(self.rules.values())
         return "".join(f"{k} ::= {v}\n" for k, v in sorted(self.rules.items()))
 
 
@@ -2259,11 +2174,6 @@ def _json_safe_escape(escape: str) -> str:
     if escape[1] in "xuU" and int(escape[2:], 16) in {*range(0x20), 0x22, 0x5C, 0x7F}:
         raise _Unsupported(f"the escape {escape} (a character JSON must escape)")
     return escape
-
-
-# a counted repetition x{m}, x{m,n} or x{m,} after a rule name, a class or a group (a
-# brace in a literal or a class follows a quote or an opening bracket)
-_COUNTED = re.compile(r"(?<=[\w\])])\{(\d+)(?:,(\d*))?\}")
 
 
 class _Unsupported(Exception):
@@ -2339,18 +2249,16 @@ def schema_to_gbnf(schema: Any, limits: GrammarLimits = DEFAULT_LIMITS) -> str:
     """GBNF for the JSON texts that validate against ``schema``, as llama-server builds
     it. ``GrammarError`` for a schema that cannot become a grammar, ``SchemaLimitError``
     for one over ``limits``."""
-    deadline = time.monotonic() + limits.max_seconds
-    reader = _Reader(schema, limits, deadline)
+    reader = _Reader(schema, LimitsMeter(limits))
     try:
         root = reader.node(schema, "#", 0)
         if not _finite(root, reader.refs):
             raise GrammarError("JSON schema error at #: the schema has no finite value (a "
                                "$ref cycle every value must go round forever)")
-        writer = _Writer(reader, limits)
+        writer = _Writer(reader)
         writer.visit(root, "")
     except RecursionError as exc:  # pragma: no cover - max_depth keeps far from it
-        raise SchemaLimitError("the schema nests too deeply (max_depth)", "max_depth") \
-            from exc
+        raise LimitsMeter.too_deep() from exc
     if writer.errors:
         raise GrammarError("JSON schema conversion failed: " + "; ".join(writer.errors))
     return writer.text()
