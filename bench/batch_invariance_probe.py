@@ -1,7 +1,7 @@
 """Which of llama.cpp's CPU choices make a row's logits depend on the rest of its batch.
 
-    python bench/batch_invariance_probe.py [--long] [--rounds N] [--passes N] [--cost-only]
-                                           [--json FILE]
+    python bench/batch_invariance_probe.py [--long] [--rounds N] [--passes N] [--threads N]
+                                           [--cost-only] [--json FILE]
     PYTHONPATH=build/llama-cpp-avx2 python bench/batch_invariance_probe.py   # AVX2 kernels
 
 A speculative verifier evaluates the same position as a 1-token decode in one step and as
@@ -9,9 +9,9 @@ row j of a k-row verification batch (maybe shared with other sequences, maybe ro
 back) in another: greedy output is independent of drafts, batching and load only if
 those give the same logits, bit for bit. For each configuration this loads the embedded
 model on llama-cpp-python's low-level API with the verifier's other context parameters
-(a KV stream per sequence, n_batch = n_ubatch = 512, two threads) and compares against a
-reference, every position of a fixed text decoded one token at a time after its prefix
-was evaluated in one batch:
+(a KV stream per sequence, n_batch = n_ubatch = 512, ``--threads``: two by default) and
+compares against a reference, every position of a fixed text decoded one token at a time
+after its prefix was evaluated in one batch:
 
 * ``rows k``: positions P..P+k-1 as one k-row batch (all logits), k = 2..33;
 * ``next``: the 1-token decode after such a batch (what its K/V rows do to later steps);
@@ -19,7 +19,8 @@ was evaluated in one batch:
   (m = 8: one ubatch; m = 3: llama.cpp splits it in two);
 * ``drafted``: a drafted run's pattern, verification batches of 1-9 rows, each rolled
   back to a prefix of itself, over 38 positions;
-* ``threads 1``: 1-token decodes with one thread instead of two;
+* ``threads``: 1-token decodes with the other thread count (one if ``--threads`` is two
+  or more, else two);
 * ``prefix in 2 chunks``: the prefix evaluated as two chunks instead of one;
 * ``--long``: the drafted pattern past position 1100 (the sliding-window layers' ring of
   n_swa + n_ubatch cells has wrapped), and the 1100-token prompt cut four ways (chunks of
@@ -254,12 +255,13 @@ def probe(m: Model, long: bool) -> dict[str, Diff]:
             d.add(got[j], ref[j])
         out[f"shared 8 + {other_rows} rows"] = d
     out["drafted"] = drafted(m, toks, PREFIX, ref)
-    m.set_threads(1)
+    other_threads = 1 if m.threads > 1 else 2
+    m.set_threads(other_threads)
     d = Diff()
     for j, row in enumerate(singles(m, 0, toks, PREFIX, PREFIX + 8)):
         d.add(row, ref[j])
     m.set_threads(m.threads)
-    out["threads 1"] = d
+    out[f"threads {other_threads}"] = d
     m.prefill(0, toks[:PREFIX], [PREFIX - 8, 8])
     d = Diff()
     d.add(m.decode([(0, [toks[PREFIX]], PREFIX, True)])[0], ref[0])
@@ -298,7 +300,7 @@ def cost(models: list[Model], rounds: int) -> list[dict[str, float]]:
     return [{k: statistics.median(v) for k, v in t.items()} for t in times]
 
 
-def child(tiled: bool, check: bool, long: bool, rounds: int) -> dict[str, Any]:
+def child(tiled: bool, check: bool, long: bool, rounds: int, threads: int) -> dict[str, Any]:
     """This process's share: the configurations of its GGML_CPU_TILED_MM setting."""
     import llama_cpp
     from suffixd.daemon.model import embedded_model_path
@@ -311,7 +313,7 @@ def child(tiled: bool, check: bool, long: bool, rounds: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     models = []
     for c in configs:
-        m = Model(path, c, n_ctx=LONG_PREFIX + 64 if long else 256)
+        m = Model(path, c, n_ctx=LONG_PREFIX + 64 if long else 256, threads=threads)
         if check:
             out[c.name] = {"diffs": {k: asdict(v) for k, v in probe(m, long).items()}}
         models.append(m)
@@ -324,10 +326,11 @@ def child(tiled: bool, check: bool, long: bool, rounds: int) -> dict[str, Any]:
     return out
 
 
-def run_child(tiled: bool, check: bool, long: bool, rounds: int) -> dict[str, Any]:
+def run_child(tiled: bool, check: bool, long: bool, rounds: int,
+              threads: int) -> dict[str, Any]:
     env = dict(os.environ, GGML_CPU_TILED_MM="1" if tiled else "0")
     args = [sys.executable, __file__, "--child", "on" if tiled else "off",
-            "--rounds", str(rounds)]
+            "--rounds", str(rounds), "--threads", str(threads)]
     args += ["--long"] if long else []
     args += [] if check else ["--no-check"]
     done = subprocess.run(args, env=env, check=True, capture_output=True, text=True)
@@ -341,13 +344,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10, help="timing rounds a pass (0: none)")
     ap.add_argument("--passes", type=int, default=2, help="timing passes per process")
     ap.add_argument("--cost-only", action="store_true", help="only the decode costs")
+    ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (the verifier's "
+                    "default: 2)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--child", choices=("on", "off"), help=argparse.SUPPRESS)
     ap.add_argument("--no-check", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child == "on", not args.no_check, args.long,
-                               args.rounds)))
+                               args.rounds, args.threads)))
         return
     import llama_cpp
 
@@ -355,9 +360,9 @@ def main() -> None:
     kernels = "AVX-512" if "AVX512 = 1" in info else "AVX2" if "AVX2 = 1" in info else "?"
     results: dict[str, dict[str, Any]] = {c.name: {} for c in CONFIGS}
     print(f"llama-cpp-python {llama_cpp.__version__}, {kernels} kernels ({info}), "
-          f"{os.cpu_count()} CPUs", flush=True)
+          f"{os.cpu_count()} CPUs, {args.threads} threads", flush=True)
     for tiled in (True, False) if not args.cost_only else ():
-        for name, r in run_child(tiled, True, args.long, 0).items():
+        for name, r in run_child(tiled, True, args.long, 0, args.threads).items():
             results[name].update(r)
             print(f"\n{name}")
             for k, d in r["diffs"].items():
@@ -366,7 +371,7 @@ def main() -> None:
     costs: dict[str, list[dict[str, float]]] = {}
     for _ in range(args.passes if args.rounds else 0):
         for tiled in (True, False):
-            for name, r in run_child(tiled, False, False, args.rounds).items():
+            for name, r in run_child(tiled, False, False, args.rounds, args.threads).items():
                 costs.setdefault(name, []).append(r["cost_s"])
     if costs:
         shapes = list(next(iter(costs.values()))[0])

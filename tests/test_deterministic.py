@@ -135,6 +135,34 @@ def _job_alone_vs_shared() -> dict[str, Any]:
             "padding_rows": after["padding_rows"] - before["padding_rows"]}
 
 
+def _job_prompt_cache() -> list[dict[str, Any]]:
+    """The same prompt twice, as two conversations: the second starts from the prompt
+    cache's checkpoint of the first where the mode restores one (a prompt within the
+    sliding window, 300 tokens); of 700 tokens, only a checkpoint within the window (here
+    the first prompt's, a prefix of it) is restored and the rest evaluated again."""
+    v = _verifier()
+    params = GenerateParams(max_tokens=8, ignore_eos=True, record_gaps=True)
+    words = QUESTIONS[0].split() + QUESTIONS[1].split()
+    out = []
+    for n in (300, 700):
+        text = " ".join(words[(i * 7) % len(words)] for i in range(n))
+        prompt = v.tokenize(text, add_bos=True)[:n]
+        runs = []
+        for k in range(2):
+            toks: list[int] = []
+            tops: list[Any] = []
+            cached = 0
+            for c in v.generate(f"pc-{n}-{k}", prompt, params, cache_scope="pc"):
+                toks += c.tokens
+                tops += [g.top for g in c.gaps]
+                if c.stats is not None:
+                    cached = c.stats.cached_prompt_tokens
+            v.forget(f"pc-{n}-{k}")
+            runs.append({"tokens": toks, "tops": tops, "cached": cached})
+        out.append({"n": n, "runs": runs, "window": v.n_swa})
+    return out
+
+
 def _reference_constrained(v: Verifier, prompt: list[int], gbnf: str) -> list[int]:
     """llama.cpp's greedy constrained decoding: its sampler chain (grammar, then greedy)
     over the logits of one-token decodes on a scratch slot of ``v``."""
@@ -220,3 +248,16 @@ def test_greedy_constrained_output_equals_llama_cpps_constrained_decoding(
         assert r["plain"]["tokens"] == r["want"], r["name"]
         assert r["drafted"]["tokens"] == r["want"], r["name"]
         assert r["drafted"]["accepted"] > 0, r["name"]
+
+
+def test_a_prompt_restored_from_the_prompt_cache_gives_the_same_logits(
+        worker: ProcessPoolExecutor) -> None:
+    short, long = worker.submit(_job_prompt_cache).result(timeout=900)
+    assert short["runs"][1]["cached"] >= short["n"] - 2, short["runs"][1]["cached"]
+    # past the window a checkpoint's restored cells would lie elsewhere: at most a
+    # checkpoint within it is restored, the rest evaluated again
+    assert long["n"] > long["window"] >= long["runs"][1]["cached"]
+    for case in (short, long):
+        first, again = case["runs"]
+        assert again["tokens"] == first["tokens"], case["n"]
+        assert again["tops"] == first["tops"], case["n"]

@@ -81,6 +81,13 @@ class KvSlots:
     n_ctx: int
     n_swa: int
 
+    # The longest checkpoint restored (None: any). The verifier's deterministic mode sets
+    # it for a model with sliding-window layers: a restored checkpoint lays the window's
+    # cells out from the first cell, where evaluating the same prompt leaves them at other
+    # cells once positions have left the window, and attention sums over cells in their
+    # order (a prompt of 520 tokens restored gave logits a few ulps off; of 512, the same).
+    restore_limit: int | None = None
+
     def _memory_guard(self) -> AbstractContextManager[Any]:
         """Held around changes to a slot's KV that is not stepping (eviction, a new
         prompt's rollback, forget): the host makes them wait for a gap between decodes."""
@@ -205,7 +212,10 @@ class KvSlots:
         covers more than the ``common`` tokens the slot kept of it; returns how many
         prompt tokens the slot holds now. (A longer checkpoint is cut back to what the
         prompt shares only without sliding-window layers: see prompt_cache.)"""
-        found = self.prompt_cache.best(scope, prompt, len(prompt) - 1, partial=not self.n_swa)
+        limit = len(prompt) - 1
+        if self.restore_limit is not None:
+            limit = min(limit, self.restore_limit)
+        found = self.prompt_cache.best(scope, prompt, limit, partial=not self.n_swa)
         if found is None or found[1] <= common:
             return common
         cp, n = found

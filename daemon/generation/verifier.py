@@ -311,6 +311,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         # a last position's decode (no decode runs one row of a sequence)
         self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx)) - int(deterministic)
         self.n_swa = int(llama_cpp.llama_model_n_swa(self._model.model))
+        if deterministic and self.n_swa:
+            self.restore_limit = self.n_swa  # see KvSlots.restore_limit
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
         self.n_threads = n_threads
@@ -651,6 +653,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         max_tokens = max(1, min(params.max_tokens, self.n_ctx - len(prompt)))
         points = self.prompt_cache.points(cache_scope, prompt, common, cache_points,
                                           new=new_conversation)
+        if self.restore_limit is not None:  # deterministic mode would never restore them
+            points = [p for p in points if p <= self.restore_limit]
         if not new_conversation and self._steps.shared():
             # A continuing conversation's prompt split a few tokens past what its slot
             # held costs the other sequences' step an extra ubatch and a step more for
