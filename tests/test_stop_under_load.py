@@ -239,7 +239,13 @@ def test_past_the_stop_timeout_what_runs_is_abandoned(tmp_path: Path, timeout: s
     text = _settled(log, [s.thread for s in streams], rc, took, 3.0)
     warnings = [line for line in text.splitlines() if " WARNING " in line and "abandoned" in line]
     assert len(warnings) == 1, text[-3000:]
-    assert "stop timeout (0 s) passed" in warnings[0] and "generation" in warnings[0], warnings
+    w = warnings[0]
+    assert "stop timeout (0 s) passed" in w, w
+    # What it names depends on how far the stop got before the watchdog thread ran: the
+    # generations still running, or (the main thread first on a loaded machine, seen on
+    # AVX2 kernels beside a soak) the rest of a stop already past them.
+    assert "generation" in w or ("abandoned the rest of the stop" in w
+                                 and "while ending the generations" not in w), w
     again = DaemonProcess(data, log_path=tmp_path / "again.log").start()
     try:
         with again.client() as c:
