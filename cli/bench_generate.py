@@ -184,93 +184,131 @@ def _run(
     as_json: bool,
 ) -> dict[str, Any]:
     """Replays ``todo``'s turns through every mode, turn by turn; the figures as a dict."""
-    import numpy as np
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     from tqdm import tqdm
 
-    from suffixcache import CostProfile, Drafter, SuffixCache
-
-    from ..daemon.generation.certify import NEAR_TIE_GAP, certify_greedy
-    from ..daemon.generation.chat import ChatRenderer
-    from ..daemon.generation.pipeline import cost_rounds
-    from ..daemon.generation.verifier import GenerateParams, Verifier
-
-    # n_ctx 0: the model's trained context (the verifier caps what it is given there)
-    verifier = Verifier(model_path, n_ctx=n_ctx or 1 << 30, n_threads=threads, n_slots=4)
-    n_ctx = verifier.n_ctx
-    renderer = ChatRenderer(verifier)
-    rounds, max_rounds = cost_rounds()
-    profile = verifier.measure_cost_profile(reps=rounds, max_rounds=max_rounds)
-    cache = SuffixCache()
-    drafter = Drafter(
-        cache, cost_profile=CostProfile.from_json({str(k): v for k, v in profile.items()})
-    )
-    pld = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=10)
-    ns = "bench"
-
-    agg: dict[str, dict[str, float]] = {
-        m: {
-            "tokens": 0,
-            "rate_tokens": 0,
-            "decode_s": 0.0,
-            "prompt_s": 0.0,
-            "total_s": 0.0,
-            "prompt_tokens": 0,
-            "cached_prompt_tokens": 0,
-            "steps": 0,
-            "drafted": 0,
-            "accepted": 0,
-        }
-        for m in wanted
-    }
-    for m in servers:
-        agg[m] = {k: 0.0 for k in next(iter(agg.values()))}
-    latencies: dict[str, list[float]] = {m: [] for m in [*wanted, *servers]}
-    session_wall: dict[str, dict[str, float]] = {m: {} for m in [*wanted, *servers]}
-    unfit: list[dict[str, Any]] = []
-
-    def ls_reference(m: str) -> str:
-        # a mode against the plain decoding of its own flash-attention setting (and
-        # plain without flash attention against its default)
-        return "ls-plain" if m == "ls-plain-fa-off" else plain_of(m)
-
-    ls_agree = {m: 0 for m in servers if m != "ls-plain" and ls_reference(m) in servers}
-    ls_tokens: dict[str, list[int]] = {}
-    verdicts = {
-        m: {"identical": 0, "near_tie": 0, "shape_flip": 0, "diverged": 0}
-        for m in wanted
-        if m != "plain"
-    }
-    diverged: list[dict[str, Any]] = []
-    last_prompt: dict[str, list[int]] = {}
-    current: str | None = None
-    next_seq = 0
-    skipped = 0
+    replay = _Replay(model_path, n_ctx, threads, max_tokens, wanted, servers)
     for session, msgs in tqdm(todo, desc="turns", disable=as_json, file=sys.stderr):
-        prompt = renderer.tokens(msgs)
-        if not fits_side_by_side(len(prompt), max_tokens, n_ctx):
-            skipped += 1
-            unfit.append({"session": session, "prompt_tokens": len(prompt)})
-            continue
-        if session != current:
-            if current is not None and cache.has_session(ns, current):
-                cache.close_session(ns, current)
-                for m in wanted:
-                    verifier.forget(f"{m}/{current}")
-            current = session
-        feed_prompt(cache, ns, session, prompt, last_prompt)
-        params = GenerateParams(max_tokens=max_tokens, record_gaps=True)
-        fed = [len(prompt)]  # context tokens the session tree holds
+        replay.turn(session, msgs)
+    out = replay.figures(workload, todo)
+    replay.verifier.close()
+    return out
 
-        def suffixd_propose(
-            ctx: list[int], k: int, _s: str = session, _fed: list[int] = fed
-        ) -> Any:
+
+def _tallies() -> dict[str, float]:
+    """What one mode adds up over the turns (llama-server's systems: all but steps)."""
+    return {
+        "tokens": 0,
+        "rate_tokens": 0,
+        "decode_s": 0.0,
+        "prompt_s": 0.0,
+        "total_s": 0.0,
+        "prompt_tokens": 0,
+        "cached_prompt_tokens": 0,
+        "steps": 0,
+        "drafted": 0,
+        "accepted": 0,
+    }
+
+
+def _ls_reference(m: str) -> str:
+    """The llama-server system a mode's output is compared with: the plain decoding of its
+    own flash-attention setting (and plain without flash attention against its default)."""
+    return "ls-plain" if m == "ls-plain-fa-off" else plain_of(m)
+
+
+class _Replay:
+    """One ``_run``: the verifier, the cache and drafter it feeds and the tallies, which
+    live across turns (a session's trees and KV slots carry from one turn to the next).
+    ``turn`` replays one turn in every mode; ``figures`` reports them all."""
+
+    NS = "bench"
+
+    def __init__(self, model_path: Path, n_ctx: int, threads: int, max_tokens: int,
+                 wanted: list[str], servers: dict[str, Any]) -> None:
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        from suffixcache import CostProfile, Drafter, SuffixCache
+
+        from ..daemon.generation.chat import ChatRenderer
+        from ..daemon.generation.pipeline import cost_rounds
+        from ..daemon.generation.verifier import Verifier
+
+        # n_ctx 0: the model's trained context (the verifier caps what it is given there)
+        self.verifier = Verifier(model_path, n_ctx=n_ctx or 1 << 30, n_threads=threads,
+                                 n_slots=4)
+        self.n_ctx = self.verifier.n_ctx
+        self.renderer = ChatRenderer(self.verifier)
+        rounds, max_rounds = cost_rounds()
+        self.profile = self.verifier.measure_cost_profile(reps=rounds, max_rounds=max_rounds)
+        self.cache = SuffixCache()
+        self.drafter = Drafter(
+            self.cache,
+            cost_profile=CostProfile.from_json({str(k): v for k, v in self.profile.items()}),
+        )
+        self.pld = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=10)
+        self.max_tokens = max_tokens
+        self.wanted = wanted
+        self.servers = servers
+        self.threads = threads
+        self.agg: dict[str, dict[str, float]] = {m: _tallies() for m in wanted}
+        for m in servers:
+            self.agg[m] = {k: 0.0 for k in _tallies()}
+        self.latencies: dict[str, list[float]] = {m: [] for m in [*wanted, *servers]}
+        self.session_wall: dict[str, dict[str, float]] = {m: {} for m in [*wanted, *servers]}
+        self.unfit: list[dict[str, Any]] = []
+        self.ls_agree = {m: 0 for m in servers if m != "ls-plain" and _ls_reference(m) in servers}
+        self.ls_tokens: dict[str, list[int]] = {}
+        self.verdicts = {m: {"identical": 0, "near_tie": 0, "shape_flip": 0, "diverged": 0}
+                         for m in wanted if m != "plain"}
+        self.partings: list[dict[str, Any]] = []
+        self.last_prompt: dict[str, list[int]] = {}
+        self.current: str | None = None
+        self.next_seq = 0
+        self.skipped = 0
+
+    # ------------------------------------------------------------------ one turn
+    def turn(self, session: str, msgs: list[dict[str, str]]) -> None:
+        """One assistant turn: every mode, then every llama-server system, then the modes'
+        outputs judged against plain decoding."""
+        prompt = self.renderer.tokens(msgs)
+        if not fits_side_by_side(len(prompt), self.max_tokens, self.n_ctx):
+            self.skipped += 1
+            self.unfit.append({"session": session, "prompt_tokens": len(prompt)})
+            return
+        self.enter(session)
+        feed_prompt(self.cache, self.NS, session, prompt, self.last_prompt)
+        results = self.decode(session, prompt)
+        self.ask_servers(session, prompt)
+        self.judge(session, prompt, results)
+
+    def enter(self, session: str) -> None:
+        """A new session closes the previous one's tree and KV slots (sessions come whole,
+        one after another)."""
+        if session == self.current:
+            return
+        if self.current is not None and self.cache.has_session(self.NS, self.current):
+            self.cache.close_session(self.NS, self.current)
+            for m in self.wanted:
+                self.verifier.forget(f"{m}/{self.current}")
+        self.current = session
+
+    def decode(self, session: str, prompt: list[int]) -> dict[str, tuple[list[int], list[Any]]]:
+        """Each mode's generation of the turn: (tokens, gaps) by mode."""
+        import numpy as np
+
+        from ..daemon.generation.verifier import GenerateParams
+
+        params = GenerateParams(max_tokens=self.max_tokens, record_gaps=True)
+        fed = [len(prompt)]  # context tokens the session tree holds
+        cache, ns, drafter, pld = self.cache, self.NS, self.drafter, self.pld
+
+        def suffixd_propose(ctx: list[int], k: int) -> Any:
             # The session tree follows the response step by step, as the replay protocol
             # has it: a response that repeats itself is drafted from its own beginning.
-            if len(ctx) > _fed[0]:
-                cache.append_session(ns, _s, ctx[_fed[0] :])
-                _fed[0] = len(ctx)
-            return drafter.propose(ns, _s, ctx, max_tokens=k)
+            if len(ctx) > fed[0]:
+                cache.append_session(ns, session, ctx[fed[0] :])
+                fed[0] = len(ctx)
+            return drafter.propose(ns, session, ctx, max_tokens=k)
 
         proposers = {
             "plain": None,
@@ -278,56 +316,74 @@ def _run(
             "pld": lambda ctx, k: [int(t) for t in pld(np.asarray(ctx, dtype=np.intc))[:k]],
         }
         results: dict[str, tuple[list[int], list[Any]]] = {}
-        for m in wanted:
+        for m in self.wanted:
             toks: list[int] = []
             gaps: list[Any] = []
             last = None
             on_step = drafter.observe if m == "suffixd" else None
-            for chunk in verifier.generate(f"{m}/{session}", prompt, params, proposers[m], on_step):
+            for chunk in self.verifier.generate(f"{m}/{session}", prompt, params, proposers[m],
+                                                on_step):
                 toks += chunk.tokens
                 gaps += chunk.gaps
                 last = chunk
             assert last is not None and last.stats is not None
             st = last.stats
-            a = agg[m]
-            a["tokens"] += st.completion_tokens
-            a["rate_tokens"] += max(0, st.completion_tokens - 1)
-            a["decode_s"] += st.decode_s
-            a["prompt_s"] += st.prompt_s
-            a["total_s"] += st.total_s
-            a["prompt_tokens"] += st.prompt_tokens
-            a["cached_prompt_tokens"] += st.cached_prompt_tokens
-            a["steps"] += st.steps
-            a["drafted"] += st.drafted_tokens
-            a["accepted"] += st.accepted_tokens
-            latencies[m].append(st.total_s)
-            session_wall[m][session] = session_wall[m].get(session, 0.0) + st.total_s
+            self.add(m, session, st.total_s, {
+                "tokens": st.completion_tokens,
+                "rate_tokens": max(0, st.completion_tokens - 1),
+                "decode_s": st.decode_s,
+                "prompt_s": st.prompt_s,
+                "prompt_tokens": st.prompt_tokens,
+                "cached_prompt_tokens": st.cached_prompt_tokens,
+                "steps": st.steps,
+                "drafted": st.drafted_tokens,
+                "accepted": st.accepted_tokens,
+            })
             results[m] = (toks, gaps)
             if m == "suffixd":
                 cache.append_session(ns, session, toks[fed[0] - len(prompt) :])
                 if toks:
-                    cache.add_response(ns, next_seq, toks)
-                    next_seq += 1
-        for m, srv in servers.items():
-            t = srv.complete(prompt, max_tokens)
-            a = agg[m]
-            a["tokens"] += t.predicted_n
-            a["rate_tokens"] += max(0, t.predicted_n - 1)
-            a["decode_s"] += t.decode_s
-            a["prompt_s"] += t.prompt_s
-            a["total_s"] += t.wall_s
-            a["prompt_tokens"] += len(prompt)
-            a["cached_prompt_tokens"] += len(prompt) - t.prompt_n
-            a["drafted"] += t.drafted
-            a["accepted"] += t.accepted
-            latencies[m].append(t.wall_s)
-            session_wall[m][session] = session_wall[m].get(session, 0.0) + t.wall_s
-            ls_tokens[m] = t.tokens
-        for m in ls_agree:
-            ls_agree[m] += int(ls_tokens[m] == ls_tokens[ls_reference(m)])
-        for m in verdicts:
-            verdict, where = certify_greedy(results["plain"][1], results[m][1])
-            ref_g, cand_g = results["plain"][1], results[m][1]
+                    cache.add_response(ns, self.next_seq, toks)
+                    self.next_seq += 1
+        return results
+
+    def ask_servers(self, session: str, prompt: list[int]) -> None:
+        """The same prompt to each llama-server system; which agree with their plain one."""
+        for m, srv in self.servers.items():
+            t = srv.complete(prompt, self.max_tokens)
+            self.add(m, session, t.wall_s, {
+                "tokens": t.predicted_n,
+                "rate_tokens": max(0, t.predicted_n - 1),
+                "decode_s": t.decode_s,
+                "prompt_s": t.prompt_s,
+                "prompt_tokens": len(prompt),
+                "cached_prompt_tokens": len(prompt) - t.prompt_n,
+                "drafted": t.drafted,
+                "accepted": t.accepted,
+            })
+            self.ls_tokens[m] = t.tokens
+        for m in self.ls_agree:
+            self.ls_agree[m] += int(self.ls_tokens[m] == self.ls_tokens[_ls_reference(m)])
+
+    def add(self, m: str, session: str, total_s: float, figures: dict[str, float]) -> None:
+        """One turn of system ``m`` into its tallies, its latencies and its session's wall."""
+        a = self.agg[m]
+        for key, value in figures.items():
+            a[key] += value
+        a["total_s"] += total_s
+        self.latencies[m].append(total_s)
+        self.session_wall[m][session] = self.session_wall[m].get(session, 0.0) + total_s
+
+    def judge(self, session: str, prompt: list[int],
+              results: dict[str, tuple[list[int], list[Any]]]) -> None:
+        """Each mode's output against plain decoding's: identical, near-tie, shape flip or
+        diverged (the first partings kept, with what the model says there)."""
+        from ..daemon.generation.certify import certify_greedy
+
+        ref_g = results["plain"][1]
+        for m in self.verdicts:
+            cand_g = results[m][1]
+            verdict, where = certify_greedy(ref_g, cand_g)
             if verdict == "diverged" and where is not None and where < min(len(ref_g), len(cand_g)):
                 # Beyond the near-tie threshold: re-evaluate the common prefix fresh with
                 # each run's batch shape, the prefix chunked in several ways; if the
@@ -335,75 +391,105 @@ def _run(
                 # arithmetic on these exact tokens, not the decoding loop.
                 context = prompt + [g.token for g in ref_g[:where]]
                 try:
-                    if verifier.schedule_flip(
+                    if self.verifier.schedule_flip(
                         context, ref_g[where], cand_g[where]
-                    ) or replays_both(verifier, context, ref_g, cand_g, where):
+                    ) or replays_both(self.verifier, context, ref_g, cand_g, where):
                         verdict = "shape_flip"
                 except ValueError:  # no batch record to re-evaluate: stays diverged
                     pass
-            verdicts[m][verdict] += 1
+            self.verdicts[m][verdict] += 1
             # (both verdicts come with the position where the runs part)
-            if verdict in ("diverged", "shape_flip") and where is not None and len(diverged) < 10:
-                parting: dict[str, Any] = {
-                    "mode": m,
-                    "verdict": verdict,
-                    "session": session,
-                    "turn": len(latencies["plain"]) - 1,
-                    "prompt_tokens": len(prompt),
-                    "position": where,
-                    "plain": ref_g[where].top[:3] if where < len(ref_g) else None,
-                    m: cand_g[where].top[:3] if where < len(cand_g) else None,
-                }
-                if verdict == "diverged" and where is not None:
-                    # Which run a from-scratch evaluation of the same context agrees with.
-                    ctx = prompt + [g.token for g in ref_g[:where]]
-                    row = verifier.next_logits(ctx)
-                    top3 = np.argsort(-row)[:3]
-                    parting["fresh"] = [[int(t), float(row[t])] for t in top3]
-                diverged.append(parting)
+            if verdict in ("diverged", "shape_flip") and where is not None and \
+                    len(self.partings) < 10:
+                self.partings.append(
+                    self.parting(m, verdict, where, session, prompt, ref_g, cand_g))
 
-    n_turns = len(todo) - skipped
+    def parting(self, m: str, verdict: str, where: int, session: str, prompt: list[int],
+                ref_g: list[Any], cand_g: list[Any]) -> dict[str, Any]:
+        """Where mode ``m`` parted from plain decoding: each side's top tokens there, and
+        for a divergence the top tokens of a from-scratch evaluation of the context."""
+        import numpy as np
 
-    def rate(m: str) -> float:
-        a = agg[m]
+        parting: dict[str, Any] = {
+            "mode": m,
+            "verdict": verdict,
+            "session": session,
+            "turn": len(self.latencies["plain"]) - 1,
+            "prompt_tokens": len(prompt),
+            "position": where,
+            "plain": ref_g[where].top[:3] if where < len(ref_g) else None,
+            m: cand_g[where].top[:3] if where < len(cand_g) else None,
+        }
+        if verdict == "diverged":
+            # Which run a from-scratch evaluation of the same context agrees with.
+            ctx = prompt + [g.token for g in ref_g[:where]]
+            row = self.verifier.next_logits(ctx)
+            top3 = np.argsort(-row)[:3]
+            parting["fresh"] = [[int(t), float(row[t])] for t in top3]
+        return parting
+
+    # ------------------------------------------------------------------ the figures
+    def rate(self, m: str) -> float:
+        """Decode tokens per second of ``m`` (a turn's first token is the prompt's)."""
+        a = self.agg[m]
         return a["rate_tokens"] / a["decode_s"] if a["decode_s"] > 0 else 0.0
 
-    out: dict[str, Any] = {
-        "workload": str(workload),
-        "turns": n_turns,
-        "skipped_turns": skipped,
-        "unfit_turns": unfit[:20],
-        "sessions": len({s for s, _ in todo}),
-        "max_tokens": max_tokens,
-        "threads": threads,
-        "n_ctx": n_ctx,
-        "cost_profile": {str(k): v for k, v in profile.items()},
-        "raw_cost_profile": {
-            str(k): round(v / verifier.raw_cost_seconds[1], 3)
-            for k, v in verifier.raw_cost_seconds.items()
-        },
-        "batch_padding": {str(k): v for k, v in verifier.batch_padding.items()},
-        "near_tie_gap": NEAR_TIE_GAP,
-    }
-    for m in [*wanted, *servers]:
-        a = agg[m]
+    def figures(self, workload: Path, todo: list[tuple[str, list[dict[str, str]]]],
+                ) -> dict[str, Any]:
+        """The run's JSON object: the setup, each system's figures, the comparisons
+        between them and the verdicts."""
+        from ..daemon.generation.certify import NEAR_TIE_GAP
+
+        n_turns = len(todo) - self.skipped
+        verifier = self.verifier
+        out: dict[str, Any] = {
+            "workload": str(workload),
+            "turns": n_turns,
+            "skipped_turns": self.skipped,
+            "unfit_turns": self.unfit[:20],
+            "sessions": len({s for s, _ in todo}),
+            "max_tokens": self.max_tokens,
+            "threads": self.threads,
+            "n_ctx": self.n_ctx,
+            "cost_profile": {str(k): v for k, v in self.profile.items()},
+            "raw_cost_profile": {
+                str(k): round(v / verifier.raw_cost_seconds[1], 3)
+                for k, v in verifier.raw_cost_seconds.items()
+            },
+            "batch_padding": {str(k): v for k, v in verifier.batch_padding.items()},
+            "near_tie_gap": NEAR_TIE_GAP,
+        }
+        for m in [*self.wanted, *self.servers]:
+            out.update(self.system_figures(m, n_turns))
+        out["cached_prompt_fraction"] = round(
+            self.agg["plain"]["cached_prompt_tokens"]
+            / max(self.agg["plain"]["prompt_tokens"], 1), 3
+        )
+        out.update(self.ratios())
+        out.update(self.verdict_figures(n_turns))
+        return out
+
+    def system_figures(self, m: str, n_turns: int) -> dict[str, Any]:
+        """``{m}_*``: one mode's or llama-server system's rates, latencies and counts."""
+        a = self.agg[m]
+        out: dict[str, Any] = {}
         evaluated = a["prompt_tokens"] - a["cached_prompt_tokens"]
         out[f"{m}_prompt_tok_s"] = round(evaluated / a["prompt_s"], 1) if a["prompt_s"] else 0.0
         out[f"{m}_prompt_tokens_evaluated"] = int(evaluated)
         out[f"{m}_prompt_tokens_total"] = int(a["prompt_tokens"])
-        walls = session_wall[m]
+        walls = self.session_wall[m]
         out[f"{m}_session_wall_s"] = round(sum(walls.values()) / max(len(walls), 1), 3)
-        out[f"{m}_turn_p95_s"] = round(p95(latencies[m]), 4)
-        if m in servers:
-            out[f"{m}_tok_s"] = round(rate(m), 2)
+        out[f"{m}_turn_p95_s"] = round(p95(self.latencies[m]), 4)
+        if m in self.servers:
+            out[f"{m}_tok_s"] = round(self.rate(m), 2)
             out[f"{m}_turn_latency_s"] = round(a["total_s"] / max(n_turns, 1), 4)
             out[f"{m}_tokens"] = int(a["tokens"])
-            if m in ls_agree:
-                out[f"{m}_same_output_as_ls_plain"] = ls_agree[m]
+            if m in self.ls_agree:
+                out[f"{m}_same_output_as_ls_plain"] = self.ls_agree[m]
             if m != plain_of(m):
                 out[f"{m}_accept_rate"] = round(a["accepted"] / max(a["drafted"], 1), 3)
-            continue
-        out[f"{m}_tok_s"] = round(rate(m), 2)
+            return out
+        out[f"{m}_tok_s"] = round(self.rate(m), 2)
         out[f"{m}_prompt_s"] = round(a["prompt_s"], 3)
         out[f"{m}_turn_latency_s"] = round(a["total_s"] / max(n_turns, 1), 4)
         out[f"{m}_tokens"] = int(a["tokens"])
@@ -411,16 +497,20 @@ def _run(
         if m != "plain":
             out[f"{m}_accept_rate"] = round(a["accepted"] / max(a["drafted"], 1), 3)
             out[f"{m}_drafted_per_step"] = round(a["drafted"] / max(a["steps"], 1), 3)
-    out["cached_prompt_fraction"] = round(
-        agg["plain"]["cached_prompt_tokens"] / max(agg["plain"]["prompt_tokens"], 1), 3
-    )
-    if "suffixd" in wanted:
-        out["speedup_vs_plain"] = round(rate("suffixd") / max(rate("plain"), 1e-9), 3)
+        return out
+
+    def ratios(self) -> dict[str, Any]:
+        """suffixd's rates and latencies against plain, pld and llama-server's systems."""
+        rate, agg, wanted, servers = self.rate, self.agg, self.wanted, self.servers
+        out: dict[str, Any] = {}
+        if "suffixd" in wanted:
+            out["speedup_vs_plain"] = round(rate("suffixd") / max(rate("plain"), 1e-9), 3)
+            if "pld" in wanted:
+                out["speedup_vs_pld"] = round(rate("suffixd") / max(rate("pld"), 1e-9), 3)
         if "pld" in wanted:
-            out["speedup_vs_pld"] = round(rate("suffixd") / max(rate("pld"), 1e-9), 3)
-    if "pld" in wanted:
-        out["pld_speedup_vs_plain"] = round(rate("pld") / max(rate("plain"), 1e-9), 3)
-    if servers:
+            out["pld_speedup_vs_plain"] = round(rate("pld") / max(rate("plain"), 1e-9), 3)
+        if not servers:
+            return out
         best = max(servers, key=rate)
         out["llama_server_best"] = best
         if "ls-plain" in servers:
@@ -437,15 +527,20 @@ def _run(
             out["llama_server_fastest_sessions"] = fastest
             out["suffixd_session_wall_vs_ls_fastest"] = round(
                 agg["suffixd"]["total_s"] / max(agg[fastest]["total_s"], 1e-9), 3)
-    main = "suffixd" if "suffixd" in verdicts else next(iter(verdicts), None)
-    out["identical_turns"] = verdicts[main]["identical"] if main else n_turns
-    out["near_tie_turns"] = verdicts[main]["near_tie"] if main else 0
-    out["shape_flip_turns"] = verdicts[main]["shape_flip"] if main else 0
-    out["verdicts"] = verdicts
-    out["identical_outputs"] = all(v["diverged"] == 0 for v in verdicts.values())
-    out["partings"] = diverged
-    verifier.close()
-    return out
+        return out
+
+    def verdict_figures(self, n_turns: int) -> dict[str, Any]:
+        """The greedy-equivalence verdicts (suffixd's, or the first mode's, in front)."""
+        verdicts = self.verdicts
+        main = "suffixd" if "suffixd" in verdicts else next(iter(verdicts), None)
+        return {
+            "identical_turns": verdicts[main]["identical"] if main else n_turns,
+            "near_tie_turns": verdicts[main]["near_tie"] if main else 0,
+            "shape_flip_turns": verdicts[main]["shape_flip"] if main else 0,
+            "verdicts": verdicts,
+            "identical_outputs": all(v["diverged"] == 0 for v in verdicts.values()),
+            "partings": self.partings,
+        }
 
 
 def _print(out: dict[str, Any], wanted: list[str], servers: list[str]) -> None:

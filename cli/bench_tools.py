@@ -66,7 +66,7 @@ import urllib.request
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import click
 
@@ -76,6 +76,8 @@ from .llama_server import llama_server_options
 # file go to it cast to its message types: the daemon checks them, not this process.
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
+
+    from ..daemon.http_api.structured import Structure
 
 BASH: ChatCompletionToolParam = {"type": "function", "function": {
     "name": "bash", "description": "Run one bash command (or commands joined with && or ||) "
@@ -204,15 +206,7 @@ def tools_bench(workload: Path, sessions: int, turns_per_session: int, max_token
                 ls_flash_attn: str, ls_plain: bool, ls_same_grammar: bool, ls_native: bool,
                 ls_chat_template: Path | None, as_json: bool) -> None:
     """Replay WORKLOAD's sessions as a tool-calling agent, through the endpoint."""
-    import openai
-
-    from ..daemon.generation.chat import ChatRenderer
-    from ..daemon.generation.verifier import Verifier
-    from ..daemon.http_api.structured import RawReplies, parse_structure
-    from ..daemon.model import resolve_model_path
-    from .bench_generate import load_session_turns, p95
-    from .bench_http import start_daemon, wait_measured
-    from .llama_server import start_servers
+    from .bench_generate import load_session_turns
 
     if llama_server and not (ls_same_grammar or ls_native):
         raise click.ClickException("--no-ls-same-grammar without --ls-native leaves "
@@ -222,165 +216,255 @@ def tools_bench(workload: Path, sessions: int, turns_per_session: int, max_token
         todo = first_turns(todo, turns_per_session)
     if not todo:
         raise click.ClickException(f"{workload}: no assistant turns")
-    model_path = resolve_model_path(model)
-    # this process renders what the daemon renders, for llama-server (no decoding here)
-    renderer_v = Verifier(model_path, n_ctx=256, n_slots=1, n_threads=1)
-    renderer = ChatRenderer(renderer_v)
-    n_ctx = min(ctx_size, renderer_v.n_ctx_train)
-    template_args = chat_template_args(renderer.template, ls_chat_template)
-    tmp = Path(tempfile.mkdtemp(prefix="suffixd-bench-tools-"))
-    servers: dict[str, Any] = {}
-    mode: dict[str, str] = {}  # llama-server system -> its comparison
-    daemon = None
-    systems = ["suffixd"]
-    stats: dict[str, dict[str, Any]] = {}
-    same = {SAME_GRAMMAR: 0, NATIVE: 0}
-    compared = {SAME_GRAMMAR: 0, NATIVE: 0}
-    ls_only = {SAME_GRAMMAR: 0, NATIVE: 0}
-    skipped = 0
+    run = _ToolsRun(model, max_tokens, threads, ctx_size, ls_chat_template)
     try:
-        if llama_server:
-            kw: dict[str, Any] = {"threads": threads, "n_ctx": n_ctx,
-                                  "spec_types_wanted": spec_types, "flash_attn": ls_flash_attn,
-                                  "plain": ls_plain}
-            if ls_same_grammar:
-                for name, srv in start_servers(llama_server, model_path, **kw).items():
-                    servers[name], mode[name] = srv, SAME_GRAMMAR
-            if ls_native:
-                native = start_servers(llama_server, model_path, extra_args=template_args,
-                                       **kw)
-                for name, srv in native.items():
-                    servers[name + "-native"], mode[name + "-native"] = srv, NATIVE
-            systems += list(servers)
-        daemon = start_daemon(tmp / "data", model, threads, ctx_size)
-        wait_measured(daemon.proc, daemon.target)
-        oai = openai.OpenAI(base_url=daemon.http, api_key="none", max_retries=0, timeout=900)
-        stats = {s: {"session_s": {}, "turn_s": [], "tokens": 0, "decode_s": 0.0,
-                     "steps": 0, "calls": 0, "cut": 0, "turns": 0} for s in systems}
+        run.start(llama_server, spec_types, ls_flash_attn, ls_plain, ls_same_grammar,
+                  ls_native)
         for n, (session, recorded) in enumerate(todo):
-            messages = to_tool_calls(session, recorded)
-            body = {"messages": messages, "tools": [BASH], "tool_choice": "required",
-                    "parallel_tool_calls": False}
-            structure = parse_structure(body, chat=True)
-            structure.settle(renderer.template)
-            msgs, tools = structure.messages(messages, RawReplies())
-            prompt = renderer.tokens(msgs, tools=tools)
-            if len(prompt) + max_tokens + 64 > n_ctx:
-                skipped += 1
-                continue
-            gbnf = structure.grammar()
-            calls: dict[str, list[tuple[str, Any]]] = {}
-            order = systems if n % 2 == 0 else systems[::-1]
-            for system in order:
-                st = stats[system]
-                t0 = time.perf_counter()
-                if system == "suffixd":
-                    r = oai.chat.completions.create(
-                        model="default", tools=[BASH],
-                        messages=cast("list[ChatCompletionMessageParam]", messages),
-                        tool_choice="required", parallel_tool_calls=False, temperature=0,
-                        max_tokens=max_tokens, extra_headers={
-                            "X-Suffixd-Namespace": "bench-tools",
-                            "X-Suffixd-Session": session})
-                    wall = time.perf_counter() - t0
-                    extra = (r.model_extra or {}).get("suffixd", {})
-                    tokens = r.usage.completion_tokens if r.usage else 0
-                    decode_s = float(extra.get("decode_seconds", 0.0))
-                    steps = int(extra.get("steps", 0))
-                    got = whole_calls((c.function.name, c.function.arguments)
-                                      for c in r.choices[0].message.tool_calls or ()
-                                      if c.type == "function")  # the only kind answered
-                elif mode[system] == NATIVE:
-                    answer = _ls_chat(servers[system].url, {
-                        **body, "temperature": 0.0, "max_tokens": max_tokens,
-                        "cache_prompt": True})
-                    wall = time.perf_counter() - t0
-                    t = answer.get("timings", {})
-                    tokens = int(t.get("predicted_n", 0))
-                    decode_s = float(t.get("predicted_ms", 0.0)) / 1e3
-                    steps = max(1, tokens - int(t.get("draft_n_accepted", 0) or 0))
-                    got = whole_calls(message_calls(answer["choices"][0]["message"]))
-                else:
-                    turn = servers[system].complete(prompt, max_tokens, grammar=gbnf)
-                    wall = time.perf_counter() - t0
-                    tokens, decode_s = turn.predicted_n, turn.decode_s
-                    steps = max(1, turn.predicted_n - turn.accepted)
-                    assert structure.fmt is not None
-                    parsed = structure.fmt.parse(renderer_v.detokenize(turn.tokens))
-                    got = whole_calls((c.name, c.arguments) for c in parsed.calls)
-                st["turn_s"].append(wall)
-                st["session_s"][session] = st["session_s"].get(session, 0.0) + wall
-                st["tokens"] += tokens
-                st["decode_s"] += decode_s
-                st["steps"] += steps
-                st["calls"] += int(bool(got))
-                st["cut"] += int(tokens >= max_tokens)
-                st["turns"] += 1
-                calls[system] = got
-            for system in systems[1:]:
-                m = mode[system]
-                compared[m] += 1
-                same[m] += int(calls[system] == calls["suffixd"])
-                ls_only[m] += int(bool(calls[system]) and not calls["suffixd"])
+            run.turn(n, session, recorded)
     finally:
-        for srv in servers.values():
-            srv.close()
-        if daemon is not None:
-            daemon.stop(30)
-        renderer_v.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-    out: dict[str, Any] = {"workload": str(workload), "sessions": len({s for s, _ in todo}),
-                           "turns": len(todo), "skipped_turns": skipped, "n_ctx": n_ctx,
-                           "max_tokens": max_tokens, "threads": threads,
-                           "ls_comparison": mode}
-    if any(m == NATIVE for m in mode.values()):
-        out["ls_native_args"] = template_args
-    for s in systems:
-        st = stats[s]
-        walls = list(st["session_s"].values())
-        out[f"{s}_session_wall_s"] = round(sum(walls) / len(walls), 3) if walls else 0.0
-        out[f"{s}_turn_s"] = round(sum(st["turn_s"]) / max(1, len(st["turn_s"])), 4)
-        out[f"{s}_turn_p95_s"] = round(p95(st["turn_s"]), 4)
-        out[f"{s}_decode_tok_s"] = round(st["tokens"] / st["decode_s"], 2) if st["decode_s"] \
-            else 0.0
-        out[f"{s}_tokens_per_step"] = round(st["tokens"] / max(1, st["steps"]), 3)
-        out[f"{s}_calls_parsed"] = f"{st['calls']}/{st['turns']}"
-        out[f"{s}_cut_by_max_tokens"] = st["cut"]
-    # same-grammar keys as before the native comparison, native ones with "native" in them
-    for m, tag in ((SAME_GRAMMAR, "ls"), (NATIVE, "ls_native")):
-        group = [s for s in systems[1:] if mode[s] == m]
-        if not group:
-            continue
-        fastest = min(group, key=lambda s: out[f"{s}_session_wall_s"] or 1e18)
-        out[f"{tag}_fastest"] = fastest
-        out[f"suffixd_session_wall_vs_{tag}_fastest"] = round(
-            out["suffixd_session_wall_s"] / max(out[f"{fastest}_session_wall_s"], 1e-9), 4)
-        out[f"suffixd_decode_vs_{tag}_fastest"] = round(
-            out["suffixd_decode_tok_s"] / max(out[f"{fastest}_decode_tok_s"], 1e-9), 4)
-        suffix = "" if m == SAME_GRAMMAR else "_native"
-        out[f"same_call{suffix}"] = f"{same[m]}/{compared[m]}"
-        # turns where a llama-server system gave a call and suffixd none
-        out[f"calls_parsed_by_llama_server{suffix}_only"] = ls_only[m]
+        run.close()
+    out = run.figures(workload, todo)
     if as_json:
         click.echo(json.dumps(out))
         return
-    click.echo(f"{workload.name} as tool calls: {out['sessions']} sessions, {out['turns']} "
-               f"turns ({skipped} do not fit {n_ctx}), {max_tokens} tokens max")
-    if any(m == NATIVE for m in mode.values()):
-        click.echo("llama-server native: " + " ".join(template_args))
-    click.echo(f"{'system':<21} {'comparison':<13} {'session s':>10} {'turn s':>8} "
-               f"{'p95 s':>7} {'decode tok/s':>13} {'tok/step':>9} {'calls':>9} {'cut':>4}")
-    for s in systems:
-        click.echo(f"{s:<21} {mode.get(s, '-'):<13} {out[f'{s}_session_wall_s']:>10.2f} "
-                   f"{out[f'{s}_turn_s']:>8.3f} {out[f'{s}_turn_p95_s']:>7.3f} "
-                   f"{out[f'{s}_decode_tok_s']:>13.2f} {out[f'{s}_tokens_per_step']:>9.2f} "
-                   f"{out[f'{s}_calls_parsed']:>9} {out[f'{s}_cut_by_max_tokens']:>4}")
-    for label, suffix, tag in ((SAME_GRAMMAR, "", "ls"), (NATIVE, "_native", "ls_native")):
-        if f"same_call{suffix}" not in out:
-            continue
-        click.echo(f"{label}: suffixd/{out[f'{tag}_fastest']} session wall "
-                   f"{out[f'suffixd_session_wall_vs_{tag}_fastest']}x, decode "
-                   f"{out[f'suffixd_decode_vs_{tag}_fastest']}x; same call "
-                   f"{out[f'same_call{suffix}']}; a call from llama-server only "
-                   f"{out[f'calls_parsed_by_llama_server{suffix}_only']}")
+    run.report(out, workload)
+
+
+class _Answer(NamedTuple):
+    """One system's reply to one turn, as the figures count it."""
+
+    wall: float  # seconds, the request's whole round trip
+    tokens: int
+    decode_s: float
+    steps: int  # verifier steps (llama-server: tokens less those accepted from drafts)
+    calls: list[tuple[str, Any]]  # the calls with whole JSON arguments (``whole_calls``)
+
+
+class _ToolsRun:
+    """One ``tools_bench``: the renderer (the daemon's prompt and grammar, built here for
+    llama-server), the systems and the tallies of their turns. ``start`` launches the
+    systems, ``turn`` sends them one turn in alternating order, ``close`` stops them,
+    ``figures`` and ``report`` give the result."""
+
+    def __init__(self, model: str | None, max_tokens: int, threads: int, ctx_size: int,
+                 ls_chat_template: Path | None) -> None:
+        from ..daemon.generation.chat import ChatRenderer
+        from ..daemon.generation.verifier import Verifier
+        from ..daemon.model import resolve_model_path
+
+        self.model, self.max_tokens, self.threads, self.ctx_size = \
+            model, max_tokens, threads, ctx_size
+        self.model_path = resolve_model_path(model)
+        # this process renders what the daemon renders, for llama-server (no decoding here)
+        self.renderer_v = Verifier(self.model_path, n_ctx=256, n_slots=1, n_threads=1)
+        self.renderer = ChatRenderer(self.renderer_v)
+        self.n_ctx = min(ctx_size, self.renderer_v.n_ctx_train)
+        self.template_args = chat_template_args(self.renderer.template, ls_chat_template)
+        self.tmp = Path(tempfile.mkdtemp(prefix="suffixd-bench-tools-"))
+        self.servers: dict[str, Any] = {}
+        self.mode: dict[str, str] = {}  # llama-server system -> its comparison
+        self.daemon: Any = None
+        self.oai: Any = None  # the openai client of the daemon's endpoint
+        self.systems = ["suffixd"]
+        self.stats: dict[str, dict[str, Any]] = {}
+        self.same = {SAME_GRAMMAR: 0, NATIVE: 0}
+        self.compared = {SAME_GRAMMAR: 0, NATIVE: 0}
+        self.ls_only = {SAME_GRAMMAR: 0, NATIVE: 0}
+        self.skipped = 0
+
+    def start(self, llama_server: str | None, spec_types: str | None, ls_flash_attn: str,
+              ls_plain: bool, ls_same_grammar: bool, ls_native: bool) -> None:
+        """llama-server's systems (each comparison asked for), then the daemon, once its
+        costs are measured."""
+        import openai
+
+        from .bench_http import start_daemon, wait_measured
+        from .llama_server import start_servers
+
+        if llama_server:
+            kw: dict[str, Any] = {"threads": self.threads, "n_ctx": self.n_ctx,
+                                  "spec_types_wanted": spec_types, "flash_attn": ls_flash_attn,
+                                  "plain": ls_plain}
+            if ls_same_grammar:
+                for name, srv in start_servers(llama_server, self.model_path, **kw).items():
+                    self.servers[name], self.mode[name] = srv, SAME_GRAMMAR
+            if ls_native:
+                native = start_servers(llama_server, self.model_path,
+                                       extra_args=self.template_args, **kw)
+                for name, srv in native.items():
+                    self.servers[name + "-native"], self.mode[name + "-native"] = srv, NATIVE
+            self.systems += list(self.servers)
+        self.daemon = start_daemon(self.tmp / "data", self.model, self.threads, self.ctx_size)
+        wait_measured(self.daemon.proc, self.daemon.target)
+        self.oai = openai.OpenAI(base_url=self.daemon.http, api_key="none", max_retries=0,
+                                 timeout=900)
+        self.stats = {s: {"session_s": {}, "turn_s": [], "tokens": 0, "decode_s": 0.0,
+                          "steps": 0, "calls": 0, "cut": 0, "turns": 0} for s in self.systems}
+
+    def close(self) -> None:
+        """Every system stopped, the renderer's model freed, the daemon's data removed."""
+        for srv in self.servers.values():
+            srv.close()
+        if self.daemon is not None:
+            self.daemon.stop(30)
+        self.renderer_v.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # ------------------------------------------------------------------ one turn
+    def turn(self, n: int, session: str, recorded: list[dict[str, str]]) -> None:
+        """Turn ``n`` to every system (the order reversed every other turn, so that
+        neither side always goes first), its figures tallied and the calls compared."""
+        from ..daemon.http_api.structured import RawReplies, parse_structure
+
+        messages = to_tool_calls(session, recorded)
+        body = {"messages": messages, "tools": [BASH], "tool_choice": "required",
+                "parallel_tool_calls": False}
+        structure = parse_structure(body, chat=True)
+        structure.settle(self.renderer.template)
+        msgs, tools = structure.messages(messages, RawReplies())
+        prompt = self.renderer.tokens(msgs, tools=tools)
+        if len(prompt) + self.max_tokens + 64 > self.n_ctx:
+            self.skipped += 1
+            return
+        gbnf = structure.grammar()
+        calls: dict[str, list[tuple[str, Any]]] = {}
+        order = self.systems if n % 2 == 0 else self.systems[::-1]
+        for system in order:
+            if system == "suffixd":
+                answer = self.ask_suffixd(session, messages)
+            elif self.mode[system] == NATIVE:
+                answer = self.ask_native(system, body)
+            else:
+                answer = self.ask_same_grammar(system, prompt, gbnf, structure)
+            self.tally(system, session, answer)
+            calls[system] = answer.calls
+        for system in self.systems[1:]:
+            m = self.mode[system]
+            self.compared[m] += 1
+            self.same[m] += int(calls[system] == calls["suffixd"])
+            self.ls_only[m] += int(bool(calls[system]) and not calls["suffixd"])
+
+    def ask_suffixd(self, session: str, messages: list[dict[str, Any]]) -> _Answer:
+        """The turn through the official ``openai`` client, its session named."""
+        t0 = time.perf_counter()
+        r = self.oai.chat.completions.create(
+            model="default", tools=[BASH],
+            messages=cast("list[ChatCompletionMessageParam]", messages),
+            tool_choice="required", parallel_tool_calls=False, temperature=0,
+            max_tokens=self.max_tokens, extra_headers={
+                "X-Suffixd-Namespace": "bench-tools",
+                "X-Suffixd-Session": session})
+        wall = time.perf_counter() - t0
+        extra = (r.model_extra or {}).get("suffixd", {})
+        return _Answer(
+            wall, r.usage.completion_tokens if r.usage else 0,
+            float(extra.get("decode_seconds", 0.0)), int(extra.get("steps", 0)),
+            whole_calls((c.function.name, c.function.arguments)
+                        for c in r.choices[0].message.tool_calls or ()
+                        if c.type == "function"))  # the only kind answered
+
+    def ask_native(self, system: str, body: Mapping[str, Any]) -> _Answer:
+        """The same request on llama-server's own /v1/chat/completions."""
+        t0 = time.perf_counter()
+        answer = _ls_chat(self.servers[system].url, {
+            **body, "temperature": 0.0, "max_tokens": self.max_tokens,
+            "cache_prompt": True})
+        wall = time.perf_counter() - t0
+        t = answer.get("timings", {})
+        tokens = int(t.get("predicted_n", 0))
+        return _Answer(wall, tokens, float(t.get("predicted_ms", 0.0)) / 1e3,
+                       max(1, tokens - int(t.get("draft_n_accepted", 0) or 0)),
+                       whole_calls(message_calls(answer["choices"][0]["message"])))
+
+    def ask_same_grammar(self, system: str, prompt: list[int], gbnf: str | None,
+                         structure: Structure) -> _Answer:
+        """suffixd's prompt tokens and grammar on llama-server's /completion, its text read
+        by suffixd's parser."""
+        t0 = time.perf_counter()
+        turn = self.servers[system].complete(prompt, self.max_tokens, grammar=gbnf)
+        wall = time.perf_counter() - t0
+        assert structure.fmt is not None
+        parsed = structure.fmt.parse(self.renderer_v.detokenize(turn.tokens))
+        return _Answer(wall, turn.predicted_n, turn.decode_s,
+                       max(1, turn.predicted_n - turn.accepted),
+                       whole_calls((c.name, c.arguments) for c in parsed.calls))
+
+    def tally(self, system: str, session: str, answer: _Answer) -> None:
+        """One turn of ``system`` into its figures (a reply of ``max_tokens`` counts as cut)."""
+        st = self.stats[system]
+        st["turn_s"].append(answer.wall)
+        st["session_s"][session] = st["session_s"].get(session, 0.0) + answer.wall
+        st["tokens"] += answer.tokens
+        st["decode_s"] += answer.decode_s
+        st["steps"] += answer.steps
+        st["calls"] += int(bool(answer.calls))
+        st["cut"] += int(answer.tokens >= self.max_tokens)
+        st["turns"] += 1
+
+    # ------------------------------------------------------------------ the figures
+    def figures(self, workload: Path, todo: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+        """The run's JSON object: the setup, each system's figures, and per comparison
+        suffixd against the fastest llama-server system and the calls they agree on."""
+        from .bench_generate import p95
+
+        mode = self.mode
+        out: dict[str, Any] = {"workload": str(workload),
+                               "sessions": len({s for s, _ in todo}),
+                               "turns": len(todo), "skipped_turns": self.skipped,
+                               "n_ctx": self.n_ctx, "max_tokens": self.max_tokens,
+                               "threads": self.threads, "ls_comparison": mode}
+        if any(m == NATIVE for m in mode.values()):
+            out["ls_native_args"] = self.template_args
+        for s in self.systems:
+            st = self.stats[s]
+            walls = list(st["session_s"].values())
+            out[f"{s}_session_wall_s"] = round(sum(walls) / len(walls), 3) if walls else 0.0
+            out[f"{s}_turn_s"] = round(sum(st["turn_s"]) / max(1, len(st["turn_s"])), 4)
+            out[f"{s}_turn_p95_s"] = round(p95(st["turn_s"]), 4)
+            out[f"{s}_decode_tok_s"] = round(st["tokens"] / st["decode_s"], 2) \
+                if st["decode_s"] else 0.0
+            out[f"{s}_tokens_per_step"] = round(st["tokens"] / max(1, st["steps"]), 3)
+            out[f"{s}_calls_parsed"] = f"{st['calls']}/{st['turns']}"
+            out[f"{s}_cut_by_max_tokens"] = st["cut"]
+        # same-grammar keys as before the native comparison, native ones with "native" in
+        # them
+        for m, tag in ((SAME_GRAMMAR, "ls"), (NATIVE, "ls_native")):
+            group = [s for s in self.systems[1:] if mode[s] == m]
+            if not group:
+                continue
+            fastest = min(group, key=lambda s: out[f"{s}_session_wall_s"] or 1e18)
+            out[f"{tag}_fastest"] = fastest
+            out[f"suffixd_session_wall_vs_{tag}_fastest"] = round(
+                out["suffixd_session_wall_s"] / max(out[f"{fastest}_session_wall_s"], 1e-9), 4)
+            out[f"suffixd_decode_vs_{tag}_fastest"] = round(
+                out["suffixd_decode_tok_s"] / max(out[f"{fastest}_decode_tok_s"], 1e-9), 4)
+            suffix = "" if m == SAME_GRAMMAR else "_native"
+            out[f"same_call{suffix}"] = f"{self.same[m]}/{self.compared[m]}"
+            # turns where a llama-server system gave a call and suffixd none
+            out[f"calls_parsed_by_llama_server{suffix}_only"] = self.ls_only[m]
+        return out
+
+    def report(self, out: Mapping[str, Any], workload: Path) -> None:
+        """``figures``' object as the text table."""
+        click.echo(f"{workload.name} as tool calls: {out['sessions']} sessions, "
+                   f"{out['turns']} turns ({self.skipped} do not fit {self.n_ctx}), "
+                   f"{self.max_tokens} tokens max")
+        if any(m == NATIVE for m in self.mode.values()):
+            click.echo("llama-server native: " + " ".join(self.template_args))
+        click.echo(f"{'system':<21} {'comparison':<13} {'session s':>10} {'turn s':>8} "
+                   f"{'p95 s':>7} {'decode tok/s':>13} {'tok/step':>9} {'calls':>9} {'cut':>4}")
+        for s in self.systems:
+            click.echo(f"{s:<21} {self.mode.get(s, '-'):<13} "
+                       f"{out[f'{s}_session_wall_s']:>10.2f} "
+                       f"{out[f'{s}_turn_s']:>8.3f} {out[f'{s}_turn_p95_s']:>7.3f} "
+                       f"{out[f'{s}_decode_tok_s']:>13.2f} {out[f'{s}_tokens_per_step']:>9.2f} "
+                       f"{out[f'{s}_calls_parsed']:>9} {out[f'{s}_cut_by_max_tokens']:>4}")
+        for label, suffix, tag in ((SAME_GRAMMAR, "", "ls"), (NATIVE, "_native", "ls_native")):
+            if f"same_call{suffix}" not in out:
+                continue
+            click.echo(f"{label}: suffixd/{out[f'{tag}_fastest']} session wall "
+                       f"{out[f'suffixd_session_wall_vs_{tag}_fastest']}x, decode "
+                       f"{out[f'suffixd_decode_vs_{tag}_fastest']}x; same call "
+                       f"{out[f'same_call{suffix}']}; a call from llama-server only "
+                       f"{out[f'calls_parsed_by_llama_server{suffix}_only']}")
