@@ -1,7 +1,7 @@
 """Which of llama.cpp's CPU choices make a row's logits depend on the rest of its batch.
 
     python bench/batch_invariance_probe.py [--long] [--rounds N] [--passes N] [--threads N]
-                                           [--cost-only] [--json FILE]
+                                           [--cost-only] [--generate] [--json FILE]
     PYTHONPATH=build/llama-cpp-avx2 python bench/batch_invariance_probe.py   # AVX2 kernels
 
 A speculative verifier evaluates the same position as a 1-token decode in one step and as
@@ -38,6 +38,8 @@ of the configurations the verifier could run (no flash attention): a 1-token dec
 8- and 16-row verification batches (logits on every row) and a 128-row prompt chunk
 (none), medians over ``--rounds`` per pass, configurations interleaved within a round and
 the processes alternated over ``--passes``, so a shared machine's load falls on all alike.
+``--generate`` adds the verifier's own cost, deterministic mode against the default: ms
+per generated token, plain and drafted, and a 600-token prompt (``generate_cost``).
 """
 
 from __future__ import annotations
@@ -326,6 +328,56 @@ def child(tiled: bool, check: bool, long: bool, rounds: int, threads: int) -> di
     return out
 
 
+def generate_cost(deterministic: bool, rounds: int, threads: int) -> dict[str, float]:
+    """Seconds per generated token through the verifier (``Verifier.generate``, greedy,
+    48 tokens of 3 prompts): plain decoding, and drafted from the plain output with one
+    draft token in five wrong (``certify.noisy_drafts``); and seconds of a 600-token
+    prompt's evaluation. Medians over ``rounds``."""
+    from suffixd.daemon.generation.certify import noisy_drafts
+    from suffixd.daemon.generation.verifier import GenerateParams, Verifier
+    from suffixd.daemon.model import embedded_model_path
+
+    v = Verifier(embedded_model_path(), n_ctx=1024, n_threads=threads, n_slots=2,
+                 prompt_cache_mb=0, deterministic=deterministic)
+    assert v.deterministic == deterministic, v.determinism
+    questions = ("Write the SQL that lists every singer older than 30.",
+                 "Explain in one sentence what a primary key is.",
+                 "Name three tables a concert database needs.")
+    prompts = [v.tokenize(f"<start_of_turn>user\n{q}<end_of_turn>\n<start_of_turn>model\n",
+                          add_bos=True, special=True) for q in questions]
+    params = GenerateParams(max_tokens=48, ignore_eos=True)
+    long_prompt = text_tokens_v(v, 600)
+    times: dict[str, list[float]] = {"plain": [], "drafted": [], "prompt 600": []}
+    refs: list[list[int]] = []
+    for r in range(rounds + 1):  # the first round warms up (and makes the drafts)
+        for what in ("plain", "drafted"):
+            t0, n = time.perf_counter(), 0
+            for i, p in enumerate(prompts):
+                propose = noisy_drafts(refs[i], len(p), seed=i) if what == "drafted" else None
+                toks = [t for c in v.generate("cost", p, params, propose) for t in c.tokens]
+                v.forget("cost")
+                n += len(toks)
+                if r == 0 and what == "plain":
+                    refs.append(toks)
+            if r:
+                times[what].append((time.perf_counter() - t0) / n)
+        t0 = time.perf_counter()
+        for _ in v.generate("cost", long_prompt, GenerateParams(max_tokens=1)):
+            pass
+        v.forget("cost")
+        if r:
+            times["prompt 600"].append(time.perf_counter() - t0)
+    v.close()
+    return {k: statistics.median(x) for k, x in times.items()}
+
+
+def text_tokens_v(v: Any, n: int) -> list[int]:
+    rng = random.Random(5)
+    toks: list[int] = v.tokenize(" ".join(rng.choice(WORDS) for _ in range(n + 64)),
+                                 add_bos=True)
+    return toks[:n]
+
+
 def run_child(tiled: bool, check: bool, long: bool, rounds: int,
               threads: int) -> dict[str, Any]:
     env = dict(os.environ, GGML_CPU_TILED_MM="1" if tiled else "0")
@@ -349,7 +401,14 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--child", choices=("on", "off"), help=argparse.SUPPRESS)
     ap.add_argument("--no-check", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-generate", choices=("det", "default"), help=argparse.SUPPRESS)
+    ap.add_argument("--generate", action="store_true",
+                    help="also the verifier's generation cost, deterministic or not")
     args = ap.parse_args()
+    if args.child_generate:
+        print(json.dumps(generate_cost(args.child_generate == "det", args.rounds,
+                                       args.threads)))
+        return
     if args.child:
         print(json.dumps(child(args.child == "on", not args.no_check, args.long,
                                args.rounds, args.threads)))
@@ -381,6 +440,22 @@ def main() -> None:
             med = {s: statistics.median(r[s] for r in runs) for s in shapes}
             results[name]["cost_s"] = med
             print(f"  {name:<34} " + "  ".join(f"{med[s] * 1e3:7.1f}" for s in shapes))
+    gen: dict[str, list[dict[str, float]]] = {}
+    for _ in range(args.passes if args.generate else 0):
+        for mode in ("default", "det"):
+            env = dict(os.environ, GGML_CPU_TILED_MM="0" if mode == "det" else "1")
+            done = subprocess.run(
+                [sys.executable, __file__, "--child-generate", mode, "--rounds",
+                 str(max(1, args.rounds // 4)), "--threads", str(args.threads)],
+                env=env, check=True, capture_output=True, text=True)
+            gen.setdefault(mode, []).append(json.loads(done.stdout.strip().splitlines()[-1]))
+    if gen:
+        print(f"\nverifier generation (median over {args.passes} passes): ms per token "
+              "plain / drafted, ms per 600-token prompt")
+        for mode, runs in gen.items():
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            results.setdefault(f"generate: {mode}", {})["cost_s"] = med
+            print(f"  {mode:<10} " + "  ".join(f"{v * 1e3:8.1f}" for v in med.values()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"llama_cpp": llama_cpp.__version__, "kernels": kernels,

@@ -1,10 +1,11 @@
 """Deterministic mode (``Verifier(deterministic=True)``, ``suffixd serve --deterministic``):
 a row's logits depend only on its sequence's tokens and position, so greedy output is
 compared exactly, with no near-tie clause: drafted (partly wrong drafts) against plain
-decoding, token for token and logits bit for bit; a generation alone against the same in
-steps shared with other generations; and greedy grammar-constrained output against
-llama.cpp's own constrained decoding (its grammar sampler and greedy sampler, over the
-logits of plain one-token decodes).
+decoding, token for token and logits bit for bit (sampled output for a seed too); a
+generation alone against the same in steps shared with other generations; a prompt
+restored from the prompt cache against the same evaluated; and greedy grammar-constrained
+output against llama.cpp's own constrained decoding (its grammar sampler and greedy
+sampler, over the logits of plain one-token decodes).
 
 The verifier runs in a process of its own: the mode turns ggml's tiled matrix product off
 through an environment variable that ggml reads once per process, at its first matrix
@@ -102,6 +103,21 @@ def _job_drafted_vs_plain() -> list[dict[str, Any]]:
         argmax = [int(np.argmax(r)) for r in by_shape[0][:-1]]
         out.append({"plain": plain, "drafted": drafted, "rows_max_diff": worst,
                     "rows_equal": worst == 0.0, "argmax": argmax})
+    return out
+
+
+def _job_sampled() -> list[dict[str, Any]]:
+    """Sampled (temperature 0.8, top-p 0.95, a seed): plain, then drafted from its output."""
+    v = _verifier()
+    params = GenerateParams(max_tokens=MAX_TOKENS, temperature=0.8, top_p=0.95, seed=7,
+                            ignore_eos=True, record_gaps=True)
+    out = []
+    for i, q in enumerate(QUESTIONS[:2]):
+        prompt = _prompt(v, q)
+        plain = _run(v, f"s-plain-{i}", prompt, params)
+        drafted = _run(v, f"s-drafted-{i}", prompt, params,
+                       noisy_drafts(plain["tokens"], len(prompt), seed=30 + i))
+        out.append({"plain": plain, "drafted": drafted})
     return out
 
 
@@ -228,6 +244,14 @@ def test_drafted_greedy_equals_plain_token_for_token_and_bit_for_bit(
         assert drafted["tops"] == plain["tops"], i
         assert r["rows_equal"], (i, r["rows_max_diff"])
         assert r["argmax"] == plain["tokens"][: len(r["argmax"])], i
+
+
+def test_sampled_output_for_a_seed_is_the_same_drafted_or_not(
+        worker: ProcessPoolExecutor) -> None:
+    for i, r in enumerate(worker.submit(_job_sampled).result(timeout=900)):
+        assert r["drafted"]["accepted"] > 0, i
+        assert r["drafted"]["tokens"] == r["plain"]["tokens"], i
+        assert r["drafted"]["tops"] == r["plain"]["tops"], i
 
 
 def test_a_generation_alone_equals_the_same_in_shared_steps(
