@@ -1,7 +1,7 @@
 """Which of llama.cpp's CPU choices make a row's logits depend on the rest of its batch.
 
     python bench/batch_invariance_probe.py [--long] [--rounds N] [--passes N] [--threads N]
-                                           [--cost-only] [--generate] [--json FILE]
+                                           [--cost-only] [--generate] [--cpu-time] [--json FILE]
     PYTHONPATH=build/llama-cpp-avx2 python bench/batch_invariance_probe.py   # AVX2 kernels
 
 A speculative verifier evaluates the same position as a 1-token decode in one step and as
@@ -52,7 +52,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -280,6 +280,16 @@ def probe(m: Model, long: bool) -> dict[str, Diff]:
     return out
 
 
+_CLOCK = [time.perf_counter]
+
+
+def clock() -> float:
+    """The timings' clock: wall time, or with ``--cpu-time`` this thread's CPU time (with
+    one llama.cpp thread the decode runs on the calling thread, and the time the machine's
+    other work takes the core from it is not counted)."""
+    return _CLOCK[0]()
+
+
 def cost(models: list[Model], rounds: int) -> list[dict[str, float]]:
     """Median seconds of a 1-token decode, k-row verification batches and a prompt chunk
     per model, the models taking turns within every round."""
@@ -291,13 +301,13 @@ def cost(models: list[Model], rounds: int) -> list[dict[str, float]]:
     for _ in range(rounds):
         for m, t in zip(models, times, strict=True):
             for k in COST_SHAPES:
-                t0 = time.perf_counter()
+                t0 = clock()
                 m.decode([(0, toks[PREFIX:PREFIX + k], PREFIX, True)])
-                t.setdefault(f"{k} rows", []).append(time.perf_counter() - t0)
+                t.setdefault(f"{k} rows", []).append(clock() - t0)
                 m.rm(0, PREFIX)
-            t0 = time.perf_counter()
+            t0 = clock()
             m.decode([(0, toks[PREFIX:PREFIX + PROMPT_ROWS], PREFIX, False)])
-            t.setdefault(f"prompt {PROMPT_ROWS}", []).append(time.perf_counter() - t0)
+            t.setdefault(f"prompt {PROMPT_ROWS}", []).append(clock() - t0)
             m.rm(0, PREFIX)
     return [{k: statistics.median(v) for k, v in t.items()} for t in times]
 
@@ -331,9 +341,8 @@ def child(tiled: bool, check: bool, long: bool, rounds: int, threads: int) -> di
 def generate_cost(deterministic: bool, rounds: int, threads: int) -> dict[str, float]:
     """Seconds per generated token through the verifier (``Verifier.generate``, greedy,
     48 tokens of 3 prompts): plain decoding, and drafted from the plain output with one
-    draft token in five wrong (``certify.noisy_drafts``); and seconds of a 600-token
-    prompt's evaluation. Medians over ``rounds``."""
-    from suffixd.daemon.generation.certify import noisy_drafts
+    draft token in five wrong (``aligned_drafts``); and seconds of a 600-token prompt's
+    evaluation. Medians over ``rounds``."""
     from suffixd.daemon.generation.verifier import GenerateParams, Verifier
     from suffixd.daemon.model import embedded_model_path
 
@@ -351,24 +360,43 @@ def generate_cost(deterministic: bool, rounds: int, threads: int) -> dict[str, f
     refs: list[list[int]] = []
     for r in range(rounds + 1):  # the first round warms up (and makes the drafts)
         for what in ("plain", "drafted"):
-            t0, n = time.perf_counter(), 0
+            t0, n = clock(), 0
             for i, p in enumerate(prompts):
-                propose = noisy_drafts(refs[i], len(p), seed=i) if what == "drafted" else None
+                propose = aligned_drafts(refs[i], len(p), seed=i) if what == "drafted" \
+                    else None
                 toks = [t for c in v.generate("cost", p, params, propose) for t in c.tokens]
                 v.forget("cost")
                 n += len(toks)
                 if r == 0 and what == "plain":
                     refs.append(toks)
             if r:
-                times[what].append((time.perf_counter() - t0) / n)
-        t0 = time.perf_counter()
+                times[what].append((clock() - t0) / n)
+        t0 = clock()
         for _ in v.generate("cost", long_prompt, GenerateParams(max_tokens=1)):
             pass
         v.forget("cost")
         if r:
-            times["prompt 600"].append(time.perf_counter() - t0)
+            times["prompt 600"].append(clock() - t0)
     v.close()
     return {k: statistics.median(x) for k, x in times.items()}
+
+
+def aligned_drafts(reference: Sequence[int], prompt_len: int,
+                   seed: int) -> Callable[[list[int], int], list[int]]:
+    """``certify.noisy_drafts`` (lengths 0-7, one token in five wrong), but nothing once
+    the output has left ``reference``: by default a drafted run can part from plain
+    decoding at a near-tie, and drafts of the plain text after that would all be
+    rejected, which times the parting rather than the kernels."""
+    rnd = random.Random(seed)
+
+    def propose(ctx: list[int], k: int) -> list[int]:
+        at = len(ctx) - prompt_len
+        if list(ctx[prompt_len:]) != list(reference[:at]):
+            return []
+        d = reference[at: at + rnd.randint(0, min(k, 7))]
+        return [t if rnd.random() < 0.8 else (t + 11) % 1000 for t in d]
+
+    return propose
 
 
 def text_tokens_v(v: Any, n: int) -> list[int]:
@@ -383,6 +411,7 @@ def run_child(tiled: bool, check: bool, long: bool, rounds: int,
     env = dict(os.environ, GGML_CPU_TILED_MM="1" if tiled else "0")
     args = [sys.executable, __file__, "--child", "on" if tiled else "off",
             "--rounds", str(rounds), "--threads", str(threads)]
+    args += ["--cpu-time"] if _CLOCK[0] is time.thread_time else []
     args += ["--long"] if long else []
     args += [] if check else ["--no-check"]
     done = subprocess.run(args, env=env, check=True, capture_output=True, text=True)
@@ -398,13 +427,21 @@ def main() -> None:
     ap.add_argument("--cost-only", action="store_true", help="only the decode costs")
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (the verifier's "
                     "default: 2)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time by the thread's CPU time (with --threads 1), not wall time")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--child", choices=("on", "off"), help=argparse.SUPPRESS)
     ap.add_argument("--no-check", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-generate", choices=("det", "default"), help=argparse.SUPPRESS)
     ap.add_argument("--generate", action="store_true",
                     help="also the verifier's generation cost, deterministic or not")
+    ap.add_argument("--generate-rounds", type=int, default=3,
+                    help="rounds of --generate per pass")
     args = ap.parse_args()
+    if args.cpu_time:
+        if args.threads != 1:
+            ap.error("--cpu-time counts the calling thread only: give --threads 1")
+        _CLOCK[0] = time.thread_time
     if args.child_generate:
         print(json.dumps(generate_cost(args.child_generate == "det", args.rounds,
                                        args.threads)))
@@ -446,12 +483,13 @@ def main() -> None:
             env = dict(os.environ, GGML_CPU_TILED_MM="0" if mode == "det" else "1")
             done = subprocess.run(
                 [sys.executable, __file__, "--child-generate", mode, "--rounds",
-                 str(max(1, args.rounds // 4)), "--threads", str(args.threads)],
+                 str(args.generate_rounds), "--threads", str(args.threads),
+                 *(["--cpu-time"] if args.cpu_time else [])],
                 env=env, check=True, capture_output=True, text=True)
             gen.setdefault(mode, []).append(json.loads(done.stdout.strip().splitlines()[-1]))
     if gen:
-        print(f"\nverifier generation (median over {args.passes} passes): ms per token "
-              "plain / drafted, ms per 600-token prompt")
+        print(f"\nverifier generation (median of {args.generate_rounds} rounds x "
+              f"{args.passes} passes): ms per token plain / drafted, ms per 600-token prompt")
         for mode, runs in gen.items():
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             results.setdefault(f"generate: {mode}", {})["cost_s"] = med
