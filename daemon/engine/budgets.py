@@ -63,9 +63,6 @@ class NamespaceLimit:
                      self.registry.namespaces())
         return known
 
-    def names(self) -> list[str]:
-        return sorted(self.known())
-
     def admit(self, ns: str) -> bool:
         """Let ``ns`` hold state (ResourceExhausted past the limit); True when this call let
         it in (the caller may ``forget`` it again if it then creates nothing)."""

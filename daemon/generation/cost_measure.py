@@ -46,6 +46,9 @@ LIVE_COST_ALPHA = 0.03
 # Rounds of the cost measurement while it still looks load-distorted (see
 # measure_cost_profile); one round of 33 sizes takes about 1.5 s here.
 MAX_PROFILE_ROUNDS = 8
+# Batch sizes the measurement times by default, 1 to COST_SIZES: a draft of up to 32
+# tokens and its bonus row (SUFFIXD_COST_SIZES lowers it: generation/pipeline.py).
+COST_SIZES = 33
 # A measurement whose kept (fastest) batches spent more than this share of their
 # threads' time waiting for a CPU (other processes, or more threads than cores) was
 # taken under load: stored as distorted, and measured again at the next start.
@@ -214,7 +217,7 @@ class CostMeasurement:
         return target if n in self._pad_logits and n < target <= rows else n
 
     def measure_cost_profile(
-        self: _Host, ks: Sequence[int] = tuple(range(1, 34)), reps: int = 5,
+        self: _Host, ks: Sequence[int] = tuple(range(1, COST_SIZES + 1)), reps: int = 5,
         max_rounds: int = MAX_PROFILE_ROUNDS,
     ) -> dict[int, float]:
         """Time one verification batch of k tokens (logits for every row) relative to k = 1,

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .cost_measure import COST_SIZES
+
 FILE_NAME = "cost_profile.json"
 # Bumped when the measurement or the file's layout changes: older files are ignored.
 FORMAT = 1
@@ -88,7 +90,7 @@ def profile_key(
     extra_buffers: bool,
     rounds: int,
     draft_model: Path | None = None,
-    sizes: int = 33,
+    sizes: int = COST_SIZES,
     deterministic: bool = False,
 ) -> dict[str, Any]:
     """What a measured profile depends on. ``n_ctx`` (per slot) sets the measurement's
@@ -128,7 +130,7 @@ def profile_key(
         # one-token decode on 2 cores (research log, 2026-11-26)
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "").strip().upper(),
     }
-    if sizes != 33:
+    if sizes != COST_SIZES:
         key["sizes"] = sizes
     if deterministic:
         key["deterministic"] = True

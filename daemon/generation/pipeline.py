@@ -43,7 +43,7 @@ from ..common.errors import (
     ResourceExhausted,
 )
 from .chat import ChatRenderer
-from .cost_measure import MAX_PROFILE_ROUNDS, MeasurementStopped
+from .cost_measure import COST_SIZES, MAX_PROFILE_ROUNDS, MeasurementStopped
 from .cost_store import FILE_NAME as COST_FILE
 from .cost_store import ProfileStore, StoredCosts, profile_key
 from .draft_model import (
@@ -71,10 +71,6 @@ PROFILE_DRIFT = 0.15
 # Rounds of the start-up cost measurement (each batch shape keeps its fastest);
 # SUFFIXD_COST_ROUNDS changes it (tests take 1), and the stored profile's key says which.
 COST_ROUNDS = 5
-# Batch sizes the cost measurement times, 1 to COST_SIZES (a draft of up to 32 tokens
-# and its bonus row); SUFFIXD_COST_SIZES lowers it where the profile's upper sizes do not
-# matter (tests about the measurement's scheduling, quick experiments).
-COST_SIZES = 33
 # Deterministic mode when serve is given neither --deterministic nor --no-deterministic
 # (see BENCHMARKS.md, "Deterministic mode", for what it costs)
 DETERMINISTIC_DEFAULT = False
@@ -97,6 +93,9 @@ def deterministic_choice(option: bool | None) -> bool | None:
 
 
 def cost_sizes() -> int:
+    """The largest batch size the cost measurement times: ``COST_SIZES``, or lower by
+    ``SUFFIXD_COST_SIZES`` where the profile's upper sizes do not matter (tests about the
+    measurement's scheduling, quick experiments)."""
     return max(1, int(os.environ.get("SUFFIXD_COST_SIZES") or COST_SIZES))
 
 
