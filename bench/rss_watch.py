@@ -72,6 +72,8 @@ def sample_node(name: str, pid: int, target: str, t: float) -> dict[str, Any]:
                          ("arena", "uordblks", "fordblks", "hblkhd") if k in malloc}
         out["llama_buffers"] = {k: round(v / MIB, 1)
                                 for k, v in (pm.get("llama_buffers") or {}).items()}
+        if "malloc_trim" in pm:  # what trimming cost so far (daemon/server/malloc_tuning.py)
+            out["malloc_trim"] = pm["malloc_trim"]
     return out
 
 
@@ -171,6 +173,12 @@ def markdown(report: dict[str, Any]) -> str:
             f"{v['rss_max']:.0f}), trend "
             f"{v['growth_mib']:+.1f} MiB against a limit of {v['limit_mib']:.1f}; by part: "
             f"{grew or 'none'}")
+    for node, samples in (report.get("samples") or {}).items():
+        trim = next((s["malloc_trim"] for s in reversed(samples) if "malloc_trim" in s), None)
+        if trim and trim.get("trims"):
+            out.append(f"* node {node}: malloc_trim every {trim['interval_s']:g} s, "
+                       f"{trim['trims']} trims, {trim['seconds']:.1f} s in all "
+                       f"({1e3 * trim['seconds'] / trim['trims']:.1f} ms each)")
     rule = next((v["rule"] for v in (report.get("verdicts") or {}).values() if "rule" in v), "")
     if rule:
         out += ["", f"Rule: {rule}."]

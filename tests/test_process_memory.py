@@ -17,6 +17,7 @@ import pytest
 from suffixd.cli.stats import process_memory_lines, render_table
 from suffixd.daemon.common import process_memory as pm
 from suffixd.daemon.model import llama_buffers as lb
+from suffixd.daemon.server import malloc_tuning as mt
 
 MIB = 1 << 20
 HEAP = pm.HEAP_MAX
@@ -317,7 +318,7 @@ def test_suffixd_stats_shows_the_process_memory(daemon: Any) -> None:
     vm = pm.vm_rss(str(pid))
     assert vm is not None and abs(pm0["rss"] - vm) < 0.3 * vm
     assert pm0["parts"]["llama_context"] == 0 and pm0["parts"]["model_weights"] == 0
-    assert pm0["malloc_trim"]["interval_s"] == 30  # the trimmer runs (malloc_tuning)
+    assert pm0["malloc_trim"]["interval_s"] == mt.DEFAULT_TRIM_S  # the trimmer runs (malloc_tuning)
 
     list(daemon.generate(None, prompt="Hello", max_tokens=2))  # loads the model
     import time
@@ -334,7 +335,7 @@ def test_suffixd_stats_shows_the_process_memory(daemon: Any) -> None:
 
 
 def test_malloc_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
-    from suffixd.daemon.server import malloc_tuning as mt
+
 
     calls: list[tuple[int, int]] = []
     monkeypatch.setattr(mt, "mallopt", lambda param, value: calls.append((param, value)) or True)
@@ -359,7 +360,7 @@ def test_malloc_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_trimmer_thread_stops_with_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from suffixd.daemon.server import malloc_tuning as mt
+
 
     trimmed = threading.Event()
     monkeypatch.setattr(mt, "malloc_trim", lambda: bool(trimmed.set()))
