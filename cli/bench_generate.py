@@ -122,7 +122,8 @@ def replays_both(
 @click.option("--max-tokens", default=64, show_default=True, help="Tokens generated per turn.")
 @click.option("--model", default=None, help="GGUF path (default: the embedded model).")
 @click.option("--n-ctx", default=12288, show_default=True)
-@click.option("--threads", default=2, show_default=True)
+@click.option("--threads", default=2, show_default=True, envvar="SUFFIXD_THREADS",
+              show_envvar=True)
 @click.option("--modes", default=",".join(MODES), show_default=True)
 @click.option("--load", "load", default=0, show_default=True,
               help="Busy processes to run beside the benchmark (a loaded machine).")

@@ -72,7 +72,8 @@ def wait_measured(proc: Any, target: str) -> None:
 @click.option("--sessions", default=3, show_default=True, help="Sessions to replay, whole.")
 @click.option("--max-tokens", default=64, show_default=True)
 @click.option("--model", default=None, help="GGUF path or packaged name (default: embedded).")
-@click.option("--threads", default=2, show_default=True)
+@click.option("--threads", default=2, show_default=True, envvar="SUFFIXD_THREADS",
+              show_envvar=True)
 @click.option("--ctx-size", default=32768, show_default=True,
               help="Context per session (capped at the model's trained length).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

@@ -126,7 +126,8 @@ def run_prefix(workload: Path, sessions: int, model: str | None, model_path: Pat
               help="Sessions whose first turn is sent, one after another.")
 @click.option("--model", default=None, help="GGUF path or packaged name (default: embedded).")
 @click.option("--ctx-size", "n_ctx", default=8192, show_default=True)
-@click.option("--threads", default=2, show_default=True)
+@click.option("--threads", default=2, show_default=True, envvar="SUFFIXD_THREADS",
+              show_envvar=True)
 @click.option("--llama-server", "llama_server", default=None, metavar="PATH",
               help="A llama-server binary to compare with (one slot and -np 4).")
 @click.option("--prompt-cache-mb", type=int, default=None,

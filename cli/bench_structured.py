@@ -65,7 +65,8 @@ CASES: list[tuple[str, str, dict[str, Any] | None]] = [
 @click.command("structured")
 @click.option("--max-tokens", default=64, show_default=True)
 @click.option("--model", default=None, help="GGUF path or packaged name (default: embedded).")
-@click.option("--threads", default=2, show_default=True)
+@click.option("--threads", default=2, show_default=True, envvar="SUFFIXD_THREADS",
+              show_envvar=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @llama_server_options
 def structured_bench(max_tokens: int, model: str | None, threads: int, as_json: bool,

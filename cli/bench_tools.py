@@ -185,7 +185,8 @@ def _ls_chat(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
               help="Only each session's first N assistant turns (0: all; on a busy machine).")
 @click.option("--max-tokens", default=64, show_default=True, help="Tokens generated per turn.")
 @click.option("--model", default=None, help="GGUF path or packaged name (default: embedded).")
-@click.option("--threads", default=2, show_default=True)
+@click.option("--threads", default=2, show_default=True, envvar="SUFFIXD_THREADS",
+              show_envvar=True)
 @click.option("--ctx-size", default=32768, show_default=True,
               help="Context per session (capped at the model's trained length).")
 @llama_server_options

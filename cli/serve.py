@@ -44,7 +44,7 @@ import click
                    "session: a new conversation starts from the longest one its prompt "
                    "begins with (0: off).")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
-              help="CPU threads of the verifier.")
+              envvar="SUFFIXD_THREADS", show_envvar=True, help="CPU threads of the verifier.")
 @click.option("--deterministic/--no-deterministic", default=None,
               help="Evaluate every row with the same kernels whatever its batch (no "
                    "repacked weights, no tiled matrix product, no one-row ubatch), so "

@@ -47,6 +47,14 @@ IN_CI = os.environ.get("CI") == "true"
 # in-process: five rounds took a minute of each bench test): a tenth of the CPU, a noisier
 # profile. Tests of the measurement itself say how many rounds they want.
 os.environ.setdefault("SUFFIXD_COST_ROUNDS", "1")
+# llama.cpp threads per model, in this process and the daemons and benchmarks it starts
+# (serve's and bench's --threads read SUFFIXD_THREADS). pytest-xdist runs one test process
+# per core (pyproject's addopts): two pools of two threads on two cores slow each other
+# down many times over, so each worker takes its share of the cores (at most 2, what the
+# tests were written for).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+THREADS = max(1, min(2, (os.cpu_count() or 2) // _WORKERS))
+os.environ["SUFFIXD_THREADS"] = str(THREADS)
 
 
 def missing_tool(message: str) -> None:

@@ -12,12 +12,14 @@ from suffixd.daemon.generation.certify import noisy_drafts
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
 
+from tests.conftest import THREADS
+
 MAX_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
 def verifier() -> Iterator[Verifier]:
-    v = Verifier(embedded_model_path(), n_ctx=2048, n_threads=2, n_slots=2)
+    v = Verifier(embedded_model_path(), n_ctx=2048, n_threads=THREADS, n_slots=2)
     yield v
     v.close()
 

@@ -23,6 +23,8 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.conftest import THREADS
+
 FIXTURES = Path(__file__).parent / "fixtures" / "grammars"
 SCHEMAS: dict[str, Any] = json.loads((FIXTURES / "schemas.json").read_text())
 REFERENCE: dict[str, dict[str, str]] = json.loads((FIXTURES / "reference.json").read_text())
@@ -49,7 +51,7 @@ def reference() -> Iterator[Any]:
     from suffixd.daemon.model import embedded_model_path
 
     llm = Llama(model_path=str(embedded_model_path()), n_ctx=512, n_batch=512,
-                n_threads=2, logits_all=True, verbose=False, seed=0)
+                n_threads=THREADS, logits_all=True, verbose=False, seed=0)
     yield llm
     llm.close()
 

@@ -20,7 +20,7 @@ from suffixd.daemon.generation.cost_measure import MeasurementStopped
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
 
-from tests.conftest import DaemonProcess
+from tests.conftest import THREADS, DaemonProcess
 
 # tests/conftest.py: every daemon here measures its costs (the tests are about that)
 DAEMONS_MEASURE = True
@@ -30,7 +30,7 @@ ANSWER_S = 60.0  # a 16-token answer takes well under a second here; a deadlock 
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: f"{n}-slots")
 def verifier(request: pytest.FixtureRequest) -> Iterator[Verifier]:
-    v = Verifier(embedded_model_path(), n_ctx=1024, n_threads=2, n_slots=request.param)
+    v = Verifier(embedded_model_path(), n_ctx=1024, n_threads=THREADS, n_slots=request.param)
     yield v
     v.close()
 

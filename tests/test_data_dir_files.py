@@ -39,7 +39,7 @@ from suffixd.daemon.server.datadir import DataDirLock, owner_only, write_private
 from suffixd.daemon.server.serve_config import ServeError
 
 from suffixcache import CostProfile
-from tests.conftest import DaemonProcess, wait_costs_measured
+from tests.conftest import THREADS, DaemonProcess, wait_costs_measured
 
 # tests/conftest.py: every daemon here measures its costs (the tests are about that)
 DAEMONS_MEASURE = True
@@ -54,7 +54,7 @@ COSTS = StoredCosts(raw={1: 0.020, 2: 0.024, 4: 0.027, 8: 0.036},
 def store(tmp_path: Path) -> ProfileStore:
     m = tmp_path / "m.gguf"
     m.write_bytes(b"GGUF" + bytes(100))
-    key = profile_key(m, n_threads=2, n_batch=512, n_ctx=8192, n_slots=4, n_gpu_layers=0,
+    key = profile_key(m, n_threads=THREADS, n_batch=512, n_ctx=8192, n_slots=4, n_gpu_layers=0,
                       extra_buffers=False, rounds=1)
     (tmp_path / "data").mkdir()
     return ProfileStore(tmp_path / "data" / "cost_profile.json", key)

@@ -16,6 +16,8 @@ from suffixd.daemon.generation.chat import ChatRenderer
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
 
+from tests.conftest import THREADS
+
 # tests/conftest.py: the daemons here measure their costs (their status and stats show them)
 DAEMONS_MEASURE = True
 
@@ -62,7 +64,7 @@ def test_generate_streams_plain_equivalent_output(gen_daemon: Any) -> None:
     t = last.totals
     assert int(t["completion_tokens"]) == len(toks) and int(t["prompt_tokens"]) > 50
     # the same prompt decoded plainly in this process, certified equal
-    v = Verifier(embedded_model_path(), n_ctx=4096, n_slots=1)
+    v = Verifier(embedded_model_path(), n_threads=THREADS, n_ctx=4096, n_slots=1)
     try:
         prompt = ChatRenderer(v).tokens(msgs)
         params = GenerateParams(max_tokens=24, record_gaps=True)

@@ -10,6 +10,8 @@ import pytest
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import Tokenizer, embedded_model_path, llama_log
 
+from tests.conftest import THREADS
+
 
 def _records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == "suffixd.llama"]
@@ -47,7 +49,7 @@ def test_the_tokenizer_loads_without_a_warning(capfd: pytest.CaptureFixture[str]
 def test_a_prompt_cache_restore_logs_at_debug_not_on_stderr(
         capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="suffixd.llama")
-    v = Verifier(embedded_model_path(), n_ctx=1024, n_slots=2)
+    v = Verifier(embedded_model_path(), n_threads=THREADS, n_ctx=1024, n_slots=2)
     try:
         prompt = [v.bos_token, *v.tokenize("SELECT name, country FROM singer WHERE age > 30; "
                                            * 12)]

@@ -14,6 +14,8 @@ from suffixd.daemon.generation.prompt_cache import PromptCache
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
 
+from tests.conftest import THREADS
+
 # ------------------------------------------------------------------ the store (no model)
 
 TOKENS = st.lists(st.integers(0, 3), min_size=0, max_size=12)
@@ -114,8 +116,9 @@ SHARED = (
 
 @pytest.fixture(scope="module")
 def verifiers() -> Iterator[tuple[Verifier, Verifier]]:
-    cached = Verifier(embedded_model_path(), n_ctx=2048, n_slots=3)
-    plain = Verifier(embedded_model_path(), n_ctx=2048, n_slots=3, prompt_cache_mb=0)
+    cached = Verifier(embedded_model_path(), n_threads=THREADS, n_ctx=2048, n_slots=3)
+    plain = Verifier(embedded_model_path(), n_threads=THREADS, n_ctx=2048, n_slots=3,
+                     prompt_cache_mb=0)
     yield cached, plain
     cached.close()
     plain.close()
@@ -177,7 +180,7 @@ def test_the_same_request_again_reuses_all_but_its_last_token(
 
 
 def test_a_store_too_small_for_a_checkpoint_refuses_it_and_serves() -> None:
-    v = Verifier(embedded_model_path(), n_ctx=1024, n_slots=1, prompt_cache_mb=1)
+    v = Verifier(embedded_model_path(), n_threads=THREADS, n_ctx=1024, n_slots=1, prompt_cache_mb=1)
     try:
         prompt = [v.bos_token, *v.tokenize(SHARED)]
         a = _run(v, "a", prompt, cache_scope="tiny")

@@ -10,10 +10,12 @@ import pytest
 from suffixd.daemon.generation.verifier import CHECKPOINT_SPLIT_MIN, GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
 
+from tests.conftest import THREADS
+
 
 @pytest.fixture(scope="module")
 def verifier() -> Verifier:
-    v = Verifier(embedded_model_path(), n_ctx=2048, n_slots=2)
+    v = Verifier(embedded_model_path(), n_threads=THREADS, n_ctx=2048, n_slots=2)
     yield v
     v.close()
 

@@ -18,6 +18,8 @@ from suffixd.daemon.http_api.structured import RawReplies, ReplyShaper, parse_st
 from suffixd.daemon.http_api.tool_calls import GENERIC, HERMES, ToolCall
 from suffixd.daemon.model import embedded_model_path
 
+from tests.conftest import THREADS
+
 QWEN_LIKE = """{%- if tools %}<|im_start|>system
 {{ messages[0]['content'] if messages[0]['role'] == 'system' else 'You are helpful.' }}
 
@@ -62,7 +64,7 @@ HISTORY: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def verifier() -> Iterator[Verifier]:
-    v = Verifier(embedded_model_path(), n_ctx=256, n_slots=1)
+    v = Verifier(embedded_model_path(), n_threads=THREADS, n_ctx=256, n_slots=1)
     yield v
     v.close()
 

@@ -22,13 +22,15 @@ from suffixd.daemon.generation.kv_slots import ContextOverflowError
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
 
+from tests.conftest import THREADS
+
 # Text-to-SQL agent sessions written for the project (examples/make_examples.py).
 WORKLOAD = Path(__file__).resolve().parents[1] / "examples" / "workloads" / "sql_agent.jsonl"
 
 
 @pytest.fixture(scope="module")
 def verifier() -> Verifier:
-    v = Verifier(embedded_model_path(), n_ctx=8192, n_threads=2, n_slots=3)
+    v = Verifier(embedded_model_path(), n_ctx=8192, n_threads=THREADS, n_slots=3)
     yield v
     v.close()
 
@@ -191,7 +193,7 @@ def test_a_long_turn_fills_the_context_and_stops() -> None:
     """A prompt that fits is never refused for what it asks to generate: the output stops
     ("length") where the session's context ends; a prompt that does not fit is refused.
     (A verifier of its own with a 1,024-token context: filling the module's 8,192 took 16 s.)"""
-    verifier = Verifier(embedded_model_path(), n_ctx=1024, n_threads=2, n_slots=1)
+    verifier = Verifier(embedded_model_path(), n_ctx=1024, n_threads=THREADS, n_slots=1)
     try:
         _fill_the_context(verifier)
     finally:

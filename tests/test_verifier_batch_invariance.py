@@ -26,6 +26,8 @@ import pytest
 from suffixd.daemon.generation.verifier import Verifier
 from suffixd.daemon.model import embedded_model_path
 
+from tests.conftest import THREADS
+
 FIXTURE = Path(__file__).parent / "fixtures" / "batching_history.json"
 
 # Batch numerics reach 0.82 on a top logit and 1.98 on any logit (docstring); the fault 8.3.
@@ -40,7 +42,8 @@ def case() -> dict:
 
 @pytest.fixture(scope="module")
 def verifier(case: dict) -> Verifier:
-    v = Verifier(embedded_model_path(), n_ctx=len(case["history"]) + 64, n_slots=1)
+    v = Verifier(embedded_model_path(), n_threads=THREADS, n_ctx=len(case["history"]) + 64,
+                 n_slots=1)
     yield v
     v.close()
 

@@ -18,6 +18,8 @@ from suffixd.daemon.generation.draft_model import (
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
 
+from tests.conftest import THREADS
+
 
 @dataclass
 class FakeVocab:
@@ -74,7 +76,7 @@ def test_policy_uses_the_draft_model_only_when_it_pays() -> None:
 
 
 def test_real_draft_model_measured_and_lossless() -> None:
-    target = Verifier(embedded_model_path(), n_ctx=2048, n_slots=2)
+    target = Verifier(embedded_model_path(), n_threads=THREADS, n_ctx=2048, n_slots=2)
     dm = DraftModel(embedded_model_path(), target)  # same vocabulary: accepted
     try:
         policy = measure(target, dm, max_tokens=4)

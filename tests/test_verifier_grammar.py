@@ -24,6 +24,8 @@ from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.http_api.tool_calls import GENERIC
 from suffixd.daemon.model import embedded_model_path
 
+from tests.conftest import THREADS
+
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"},
@@ -33,7 +35,7 @@ TOOLS = [{"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def verifier() -> Iterator[Verifier]:
-    v = Verifier(embedded_model_path(), n_ctx=1024, n_slots=2)
+    v = Verifier(embedded_model_path(), n_threads=THREADS, n_ctx=1024, n_slots=2)
     yield v
     v.close()
 

@@ -13,6 +13,8 @@ from suffixd.daemon.generation.sampling import SamplingNoise, race, speculative_
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path
 
+from tests.conftest import THREADS
+
 # chi-square critical values at significance 0.001 (fixed seeds: no flakiness either way)
 CHI2_001 = {3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}
 
@@ -24,7 +26,7 @@ def chi_square(counts: np.ndarray, probs: np.ndarray, n: int) -> float:
 
 @pytest.fixture(scope="module")
 def verifier() -> Verifier:
-    v = Verifier(embedded_model_path(), n_ctx=2048, n_threads=2, n_slots=2)
+    v = Verifier(embedded_model_path(), n_ctx=2048, n_threads=THREADS, n_slots=2)
     yield v
     v.close()
 
