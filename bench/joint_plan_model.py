@@ -10,7 +10,7 @@ cache: session trees and the global tree of every finished response), as N agent
 daemon. Every step, each lane in an assistant turn proposes its draft (the real Drafter,
 its calibrated per-token acceptance estimates, its length rule at the profile's cost of a
 step of its own); the step is planned by the daemon's own planner
-(`daemon/generation/step_batch.py: plan_step`, which calls `joint_lengths` and pads each
+(`daemon/generation/step_planner.py: plan_step`, which calls `joint_lengths` and pads each
 run of consecutive sequence ids to its longest, as llama.cpp's split_equal needs); then
 each lane's recorded response decides how many of its kept draft tokens are accepted
 (the longest equal prefix, plus the verifier's own next token), and the drafter observes
@@ -42,14 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from suffixd.daemon.generation.step_batch import (
-    RATE_DECAY,
-    RATE_PRIOR,
-    StepRows,
-    padded_rows,
-    plan_step,
-    step_cost,
-)
+from suffixd.daemon.generation.step_batch import RATE_DECAY, RATE_PRIOR
+from suffixd.daemon.generation.step_planner import StepRows, padded_rows, plan_step, step_cost
 
 from suffixcache.cost import CostProfile
 from suffixcache.drafter import DraftConfig, common_prefix_length

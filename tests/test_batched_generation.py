@@ -121,11 +121,11 @@ def test_no_decode_spans_two_ubatches_even_when_its_rows_are_left_unequal(
     beyond a near-tie (every turn of bench/batched_certify.py with the padding taken out).
     The plan cuts such a decode to its first ubatch's rows: with the padding taken out
     again, each output still equals the same generation alone up to certified near-ties."""
-    import suffixd.daemon.generation.step_batch as step_batch
+    import suffixd.daemon.generation.step_planner as step_planner
 
     prompts = _prompts(verifier, 4)
     params = GenerateParams(max_tokens=48, ignore_eos=True, record_gaps=True)
-    monkeypatch.setattr(step_batch, "padded_rows", lambda reqs, kept: list(kept))
+    monkeypatch.setattr(step_planner, "padded_rows", lambda reqs, kept: list(kept))
     alone, together = _alone_then_together(verifier, prompts, params, "whole-", seed=10)
     _assert_certified(alone, together)
 

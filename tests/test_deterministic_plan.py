@@ -1,4 +1,4 @@
-"""Deterministic mode's step plan (daemon/generation/step_batch.py, ``no_single_rows``),
+"""Deterministic mode's step plan (daemon/generation/step_planner.py, ``no_single_rows``),
 without a model: whatever the step holds, no ubatch of llama.cpp's split takes a single
 row of a sequence (ggml-cpu multiplies one row by other kernels than two or more), and
 the plan's other rules still hold."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from suffixd.daemon.generation.step_batch import StepRows, plan_step
 from suffixd.daemon.generation.step_cost import Entry, split_equal
+from suffixd.daemon.generation.step_planner import StepRows, plan_step
 
 
 def cpu_like(n: int) -> float:

@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from suffixd.daemon.generation.step_batch import StepRows, joint_lengths
+from suffixd.daemon.generation.step_planner import StepRows, joint_lengths
 
 from suffixcache.drafter import Draft
 from suffixcache.replay import Message, Session

@@ -1,6 +1,6 @@
-"""The step planner and batcher (daemon/generation/step_batch.py), without a model:
-plans against their rules and a brute-force optimum, the batcher's exclusion and batching
-under real threads."""
+"""The step planner and batcher (daemon/generation/step_planner.py and step_batch.py),
+without a model: plans against their rules and a brute-force optimum, the batcher's
+exclusion and batching under real threads."""
 
 from __future__ import annotations
 
@@ -11,20 +11,17 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from suffixd.daemon.generation.step_batch import (
-    PAD_ROW_WEIGHT,
+from suffixd.daemon.generation.step_batch import Interrupted, StepBatcher, Stopping
+from suffixd.daemon.generation.step_cost import PAD_ROW_WEIGHT, Entry, StepCostModel, split_equal
+from suffixd.daemon.generation.step_planner import (
     PROMPT_RESERVE,
-    Interrupted,
-    StepBatcher,
     StepRows,
-    Stopping,
     cheapest_layout,
     joint_lengths,
     padded_rows,
     plan_step,
     step_cost,
 )
-from suffixd.daemon.generation.step_cost import Entry, StepCostModel, split_equal
 
 
 def linear(n: int) -> float:

@@ -55,7 +55,8 @@ from .grammar import Grammar, GrammarError, GrammarState, constrained_argmax
 from .kv_slots import ContextOverflowError as ContextOverflowError  # raised by generate
 from .kv_slots import KvSlots, Slot
 from .sampling import SamplingNoise, race, speculative_sample, target_probs
-from .step_batch import Interrupted, StepBatcher, StepRows
+from .step_batch import Interrupted, StepBatcher
+from .step_planner import StepRows
 
 log = logging.getLogger("suffixd.verifier")
 
@@ -293,7 +294,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         # Sliding-window layers keep only their window (+ a batch): attention over
         # n_swa cells instead of the whole context. Rolling back a rejected draft is
         # safe while the draft sits in one ubatch (the plan keeps every decode in one:
-        # step_batch._keep_decodes_whole): llama.cpp reuses a window cell only once it is
+        # step_planner._keep_decodes_whole): llama.cpp reuses a window cell only once it is
         # outside the window of the next position. Reusing a cached prompt
         # from further back than the window is not, so _reusable_prefix checks it.
         cparams.swa_full = False
@@ -327,7 +328,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         # Rollbacks of different sequences run in the threads of their generations,
         # between two decodes: llama.cpp's memory calls are not made for concurrency.
         self._mem_lock = threading.Lock()
-        # Shared steps choose every sequence's draft length together (step_batch); off:
+        # Shared steps choose every sequence's draft length together (step_planner); off:
         # each draft stays as its drafter cut it for a step of its own.
         self.joint_drafts = True
         # (through lambdas: a test may replace the bound methods)
