@@ -56,7 +56,13 @@ def process_memory(target: str, timeout: float = 30.0) -> dict[str, Any] | None:
     finally:
         c.close()
     text = getattr(resp, "process_memory_json", "")
-    return json.loads(text) if text else None
+    if not text:
+        return None
+    out: dict[str, Any] = json.loads(text)
+    # the trees by kind: which of them a growing ``trees`` part is
+    out["trees_by_kind"] = {m.kind: {"trees": m.trees, "tokens": m.tokens, "bytes": m.bytes}
+                            for m in resp.memory}
+    return out
 
 
 def sample_node(name: str, pid: int, target: str, t: float) -> dict[str, Any]:
@@ -72,6 +78,9 @@ def sample_node(name: str, pid: int, target: str, t: float) -> dict[str, Any]:
                          ("arena", "uordblks", "fordblks", "hblkhd") if k in malloc}
         out["llama_buffers"] = {k: round(v / MIB, 1)
                                 for k, v in (pm.get("llama_buffers") or {}).items()}
+        out["trees_by_kind"] = {k: {"trees": v["trees"], "tokens": v["tokens"],
+                                    "mib": round(v["bytes"] / MIB, 1)}
+                                for k, v in (pm.get("trees_by_kind") or {}).items()}
         if "malloc_trim" in pm:  # what trimming cost so far (daemon/server/malloc_tuning.py)
             out["malloc_trim"] = pm["malloc_trim"]
     return out
@@ -150,6 +159,10 @@ def flat(samples: Sequence[dict[str, Any]], end_s: float, window_s: float,
         "growth_mib": round(growth, 1), "limit_mib": round(limit, 1),
         "vm_rss_growth_mib": round(slope(vm) * span, 1) if len(vm) >= 2 else None,
         "growth_by_part_mib": parts,
+        "trees_growth_by_kind_mib": {
+            k: round(slope([(s["t"], s["trees_by_kind"].get(k, {}).get("mib", 0.0))
+                            for s in inside]) * span, 1)
+            for k in sorted({k for s in inside for k in s.get("trees_by_kind") or {}})},
         "rule": f"least-squares RSS slope x {round(window_s / 60, 1):g} min <= "
                 f"max({abs_mib:g} MiB, {100 * rel:g}% of the window's mean RSS)",
     }
@@ -172,7 +185,10 @@ def markdown(report: dict[str, Any]) -> str:
             f"{v['rss_first']:.0f} -> {v['rss_last']:.0f} MiB (range {v['rss_min']:.0f}-"
             f"{v['rss_max']:.0f}), trend "
             f"{v['growth_mib']:+.1f} MiB against a limit of {v['limit_mib']:.1f}; by part: "
-            f"{grew or 'none'}")
+            f"{grew or 'none'}"
+            + ("; trees by kind: " + ", ".join(
+                f"{k} {g:+.1f}" for k, g in v["trees_growth_by_kind_mib"].items())
+               if v.get("trees_growth_by_kind_mib") else ""))
     for node, samples in (report.get("samples") or {}).items():
         trim = next((s["malloc_trim"] for s in reversed(samples) if "malloc_trim" in s), None)
         if trim and trim.get("trims"):

@@ -24,6 +24,8 @@ TEXTS = [
     "git diff --stat HEAD~1 && pytest -q tests/test_models.py -k migration",
 ]
 
+GENERATE_TURNS = 20  # Generate calls per session (op_generate)
+
 
 class Worker(threading.Thread):
     """A gRPC client of one node; it waits while its node is down and reconnects after a
@@ -45,6 +47,7 @@ class Worker(threading.Thread):
         self.ns = f"soak{n % args.namespaces}"
         self.sessions: list[str] = []
         self.vocab = 0
+        self.generated = 0
 
     def call(self, rpc: str, fn: Callable[[], Any], bad: bool = False) -> Any:
         t0 = time.perf_counter()
@@ -160,8 +163,15 @@ class Worker(threading.Thread):
     def op_generate(self, sid: str) -> None:
         prompt = self.rng.choice(TEXTS)
         # A session of its own: its length is not checked at the end (generation appends).
+        # Closed after GENERATE_TURNS calls, as an agent's task ends: one session taking
+        # every call grew without end (~100 MiB of session trees an hour), a budget the
+        # daemon is right to grant and RSS that is never flat.
+        gen = f"gen-{self.n}-{self.generated // GENERATE_TURNS}"
         self.call("Generate", lambda: list(self.client.generate(
-            f"gen-{self.n}", namespace=self.ns, prompt=prompt, max_tokens=16)))
+            gen, namespace=self.ns, prompt=prompt, max_tokens=16)))
+        self.generated += 1
+        if self.generated % GENERATE_TURNS == 0:
+            self.call("CloseSession", lambda: self.client.close_session(self.ns, gen))
 
     def op_bad(self, sid: str) -> None:
         c, ns, rng = self.client, self.ns, self.rng
