@@ -33,16 +33,20 @@ if TYPE_CHECKING:
 
 def start_daemon(data_dir: Path, model: str | None, threads: int,
                  ctx_size: int, kv_slots: int | None = None,
-                 extra_args: list[str] | None = None) -> LocalDaemon:
+                 extra_args: list[str] | None = None,
+                 draft_model: str | Path | None = None) -> LocalDaemon:
     """``serve --http`` on a free loopback port (``kv_slots``: its ``--kv-slots``, or its
-    default), the model loaded at start-up, once announced (``.target``: gRPC, ``.http``:
-    the OpenAI base URL); its log is ``daemon.log`` beside ``data_dir``."""
+    default; ``draft_model``: its ``--draft-model``), the model loaded at start-up, once
+    announced (``.target``: gRPC, ``.http``: the OpenAI base URL); its log is
+    ``daemon.log`` beside ``data_dir``."""
     args = ["--http", "127.0.0.1:0", "--model-load", "startup", "--threads", str(threads),
             "--ctx-size", str(ctx_size)]
     if kv_slots is not None:
         args += ["--kv-slots", str(kv_slots)]
     if model:
         args += ["--model", model]
+    if draft_model is not None:
+        args += ["--draft-model", str(draft_model)]
     args += extra_args or []
     daemon = LocalDaemon(data_dir, args, log_path=data_dir.parent / "daemon.log")
     try:

@@ -20,6 +20,10 @@ from typing import Any
 import click
 from suffixd.daemon.model import extra_weight_buffers
 
+# llama-server's speculative type for a draft model: in this llama.cpp ``-md`` alone loads
+# the draft model but drafts nothing.
+DRAFT_SPEC_TYPE = "draft-simple"
+
 
 def spec_types(binary: str | Path) -> list[str]:
     """The speculative types this llama-server offers without a second model."""
@@ -48,6 +52,34 @@ def llama_server_options(fn: Any) -> Any:
     return fn
 
 
+def draft_model_options(fn: Any) -> Any:
+    """--draft-model (suffixd's daemons), --ls-draft-model and --ls-draft-max (llama-server
+    with a draft model), shared by the benches that run a verifier/draft pair."""
+    fn = click.option("--ls-draft-max", "ls_draft_max", type=click.IntRange(min=1),
+                      default=None, metavar="N",
+                      help="With --ls-draft-model: llama-server's --spec-draft-n-max "
+                           "[its default].")(fn)
+    fn = click.option("--ls-draft-model", "ls_draft_model", default=None, metavar="PATH",
+                      type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                      help="Also llama-server with this draft model (-md PATH --spec-type "
+                           f"{DRAFT_SPEC_TYPE}, its own draft settings), as system "
+                           "ls-draft.")(fn)
+    fn = click.option("--draft-model", "draft_model", default=None, metavar="PATH",
+                      type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                      help="The suffixd daemons' fallback draft model (serve "
+                           "--draft-model PATH).")(fn)
+    return fn
+
+
+def draft_server_args(draft_model: str | Path, draft_max: int | None = None) -> list[str]:
+    """llama-server's arguments, besides ``--spec-type DRAFT_SPEC_TYPE``, for drafting with
+    ``draft_model`` (``draft_max``: its longest draft, else llama-server's default)."""
+    args = ["-md", str(draft_model)]
+    if draft_max is not None:
+        args += ["--spec-draft-n-max", str(draft_max)]
+    return args
+
+
 def plain_of(name: str) -> str:
     """The llama-server plain decoding with the same flash-attention setting as ``name``
     (the names ``start_servers`` gives)."""
@@ -57,7 +89,8 @@ def plain_of(name: str) -> str:
 def start_servers(binary: str | Path, model: str | Path, *, threads: int, n_ctx: int,
                   spec_types_wanted: str | None, flash_attn: str,
                   plain: bool = True, n_parallel: int = 1,
-                  extra_args: Sequence[str] = ()) -> dict[str, LlamaServer]:
+                  extra_args: Sequence[str] = (), draft_model: str | Path | None = None,
+                  draft_max: int | None = None) -> dict[str, LlamaServer]:
     """llama-server plain and with each n-gram type (``spec_types_wanted``: "T1,T2", or None
     for every type it offers), ready, keyed by the name the benches report ("ls-plain",
     "ls-ngram-mod"). ``flash_attn`` "both" runs each twice, its default (auto: on for the
@@ -65,20 +98,27 @@ def start_servers(binary: str | Path, model: str | Path, *, threads: int, n_ctx:
     on some models llama-server decodes faster without it too, so its best configuration
     is taken over both. ``plain`` False leaves plain decoding out. ``n_parallel``: slots
     per server (``n_ctx`` is then each slot's context, see ``LlamaServer``); ``extra_args``
-    go to every server's command line."""
+    go to every server's command line. ``draft_model``: also llama-server drafting with
+    it ("ls-draft", ``draft_server_args``; ``draft_max`` its longest draft)."""
     if spec_types_wanted:
         types = [t.strip() for t in spec_types_wanted.split(",") if t.strip()]
     else:
         types = spec_types(binary)
     settings = ["auto", "off"] if flash_attn == "both" else [flash_attn]
+    # (name, --spec-type, arguments of its own)
+    kinds: list[tuple[str, str | None, list[str]]] = [("plain", None, [])] if plain else []
+    kinds += [(t, t, []) for t in types]
+    if draft_model is not None:
+        kinds.append(("draft", DRAFT_SPEC_TYPE, draft_server_args(draft_model, draft_max)))
     servers: dict[str, LlamaServer] = {}
     try:
         for fa in settings:
-            for t in [None, *types] if plain else types:
-                name = "ls-" + (t or "plain") + ("-fa-off" if fa == "off" else "")
+            for label, t, own in kinds:
+                name = "ls-" + label + ("-fa-off" if fa == "off" else "")
                 servers[name] = LlamaServer(binary, model, threads=threads, n_ctx=n_ctx,
                                             spec_type=t, flash_attn=fa,
-                                            n_parallel=n_parallel, extra_args=extra_args)
+                                            n_parallel=n_parallel,
+                                            extra_args=[*extra_args, *own])
         for srv in servers.values():
             srv.wait_ready()
     except BaseException:
