@@ -125,7 +125,7 @@ def break_even(verify_s: dict[int, float], draft_s: float, max_tokens: int = 8
     (k, expected speed-up over plain decoding) at each of ACCEPTANCES."""
     from suffixd.daemon.generation.draft_model import AdaptiveDrafter
 
-    policy = AdaptiveDrafter(lambda ctx, k: [], verify_s, draft_s, max_tokens)
+    policy = AdaptiveDrafter(lambda ctx, k, key: [], verify_s, draft_s, max_tokens)
     lowest = next((a / 100 for a in range(101) if policy.plan(max_tokens, a / 100)[0] > 0),
                   None)
     return lowest, {a: policy.plan(max_tokens, a) for a in ACCEPTANCES}

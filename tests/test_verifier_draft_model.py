@@ -46,7 +46,7 @@ def test_policy_uses_the_draft_model_only_when_it_pays() -> None:
     verify = {1: 0.015, 2: 0.026, 3: 0.030, 4: 0.034, 8: 0.055, 9: 0.06}
     calls: list[int] = []
 
-    def draft(ctx: list[int], k: int) -> list[int]:
+    def draft(ctx: list[int], k: int, key: str = "draft") -> list[int]:
         calls.append(k)
         return [1] * k
 
@@ -100,6 +100,31 @@ def test_real_draft_model_measured_and_lossless() -> None:
         assert certify_greedy(ref, gaps)[0] != "diverged"
         assert forced.counts["used"] > 0 and forced.counts["accepted"] > 0
         assert {c.source for c in chunks if c.proposed} == {"draft_model"}
+    finally:
+        dm.close()
+        target.close()
+
+
+def test_the_draft_model_keeps_each_sessions_context_in_a_slot_of_its_own() -> None:
+    # Two sessions drafting in turn: each one's context stays evaluated in its slot (one
+    # slot shared by both evaluated the other's whole context again at every switch).
+    target = Verifier(embedded_model_path(), n_threads=THREADS, n_ctx=1024, n_slots=2)
+    dm = DraftModel(embedded_model_path(), target)
+    try:
+        a = target.tokenize("Schema: CREATE TABLE singer (id, name, age); SQL:", add_bos=True)
+        b = target.tokenize("def fibonacci(n):\n    if n < 2:\n        return n", add_bos=True)
+        first_a = dm.draft(a, 3, "a")
+        dm.draft(b, 3, "b")
+        evaluated = dm.context_evaluated
+        assert evaluated >= len(a) + len(b) - 2  # all but the last token of each
+        # a again, grown by its draft: only what is new is evaluated
+        again = dm.draft(a + first_a, 3, "a")
+        assert len(again) == 3
+        assert dm.context_evaluated - evaluated <= len(first_a) + 1, (
+            dm.context_evaluated - evaluated, dm.context_reused)
+        assert dm.context_reused >= len(a) - 1
+        # drafts are the draft model's greedy continuation whatever the slot
+        assert dm.draft(a, 3, "c") == first_a
     finally:
         dm.close()
         target.close()

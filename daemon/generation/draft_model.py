@@ -67,7 +67,15 @@ class ModelDraft:
 
 
 class DraftModel:
-    """Greedy drafts from a second GGUF; its KV cache follows the context by prefix reuse."""
+    """Greedy drafts from a second GGUF, with a KV slot per session as the target has
+    (least recently used evicted): each session's context stays evaluated between its
+    drafts and is followed by prefix reuse.
+
+    With one slot shared by every session, each switch between sessions evaluated the
+    other's whole context again on the draft model (thousands of tokens per switch on
+    coding-agent prompts), so several agents at once made the draft model a prompt
+    evaluator. Drafts still run one at a time (``_lock``): the draft model shares the
+    cores with the target, and a draft is a few short decodes."""
 
     def __init__(
         self,
@@ -76,15 +84,16 @@ class DraftModel:
         *,
         n_ctx: int | None = None,
         n_threads: int | None = None,
+        n_slots: int | None = None,
     ) -> None:
         self.path = Path(path)
         self._llm = Verifier(
             self.path,
             n_ctx=n_ctx or target.n_ctx,
             n_threads=n_threads or target.n_threads,
-            n_slots=1,
-            # one slot following one context by prefix reuse: prompt checkpoints would
-            # only hold memory (the default budget is 1 GiB)
+            n_slots=n_slots or target.n_slots,
+            # slots follow their sessions by prefix reuse: prompt checkpoints would only
+            # hold memory (the default budget is 1 GiB)
             prompt_cache_mb=0,
         )
         try:
@@ -92,12 +101,23 @@ class DraftModel:
         except Exception:
             self._llm.close()
             raise
-        self._lock = threading.Lock()  # one KV slot: one drafting context at a time
+        self._lock = threading.Lock()  # one draft at a time (see the class docstring)
+        # context tokens the draft model evaluated, and those its slots already held
+        self.context_evaluated = 0
+        self.context_reused = 0
 
-    def draft(self, context: Sequence[int], k: int) -> list[int]:
+    def draft(self, context: Sequence[int], k: int, key: str = "draft") -> list[int]:
+        """Up to ``k`` greedy tokens after ``context``, in the KV slot of ``key`` (the
+        session's: its earlier drafts' context is reused)."""
         params = GenerateParams(max_tokens=k, ignore_eos=True, max_draft=0)
+        out: list[int] = []
         with self._lock:
-            return [t for c in self._llm.generate("draft", context, params) for t in c.tokens]
+            for c in self._llm.generate(f"draft\x00{key}", context, params):
+                out += c.tokens
+                if c.stats is not None:
+                    self.context_reused += c.stats.cached_prompt_tokens
+                    self.context_evaluated += c.stats.prompt_tokens - c.stats.cached_prompt_tokens
+        return out
 
     def seconds_per_token(self, context: Sequence[int], k: int = 8, reps: int = 2) -> float:
         """Time of one drafted token at the given context (prompt already cached)."""
@@ -125,7 +145,7 @@ class AdaptiveDrafter:
 
     def __init__(
         self,
-        draft: Callable[[Sequence[int], int], list[int]],
+        draft: Callable[[Sequence[int], int, str], list[int]],
         verify_seconds: dict[int, float],
         draft_seconds: float,
         max_tokens: int = 8,
@@ -180,7 +200,10 @@ class AdaptiveDrafter:
                 best_k, best = k, rate / plain
         return (best_k, best) if best >= MARGIN else (0, best)
 
-    def __call__(self, context: Sequence[int], limit: int) -> ModelDraft | None:
+    def __call__(self, context: Sequence[int], limit: int,
+                 key: str = "draft") -> ModelDraft | None:
+        """A draft for ``context`` (None: not worth it now); ``key``: the session, whose
+        KV slot of the draft model holds its context (``DraftModel.draft``)."""
         with self._lock:
             k, _ = self.plan(limit)
             if k == 0:
@@ -194,7 +217,7 @@ class AdaptiveDrafter:
                 self.counts["probes"] += 1
                 k = min(limit, 2)
             self.counts["used"] += 1
-        tokens = self._draft(context, k)
+        tokens = self._draft(context, k, key)
         return ModelDraft(tokens) if tokens else None
 
     def observe(self, draft: Any, accepted: int, new: Sequence[int] | None = None) -> None:

@@ -654,7 +654,7 @@ class Generation:
             # and corpus trees.
             draft = engine.propose(ns, sid or None, ctx, max_tokens=k, remember=False)
             if (draft is None or not len(draft.tokens)) and fallback is not None:
-                model_draft = fallback(ctx, k)
+                model_draft = fallback(ctx, k, vkey)
                 if model_draft is not None:
                     return model_draft
             return draft
