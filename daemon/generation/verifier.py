@@ -61,7 +61,7 @@ from .step_planner import StepRows
 log = logging.getLogger("suffixd.verifier")
 
 # A checkpoint less than this past a continuing conversation's cached prompt does not
-# split its prompt while other generations step (see _generate).
+# split its prompt while other generations step (see _checkpoint_points).
 CHECKPOINT_SPLIT_MIN = 64
 
 
@@ -234,6 +234,121 @@ class _LogitRows(Sequence[np.ndarray]):
         if not 0 <= i < self._n:
             raise IndexError(i)
         return self._verifier._logits_view(self._offset + i)
+
+
+def _grammar_states(state: GrammarState | None,
+                    path: list[int]) -> tuple[list[GrammarState], list[int]]:
+    """``states[i]``: the grammar after ``path[:i]``; a token it forbids ends the draft
+    (returned with the path, cut there). No grammar: no states, the path as it is."""
+    states: list[GrammarState] = []
+    if state is not None:
+        states.append(state)
+        for i, t in enumerate(path):
+            if not states[-1].allows(t):
+                path = path[:i]
+                break
+            nxt_state = states[-1].copy()
+            nxt_state.accept(t)
+            states.append(nxt_state)
+    return states, path
+
+
+class _Run:
+    """One generation's state, from its prompt to its last chunk (``Verifier._generate``)."""
+
+    def __init__(self, verifier: Verifier, slot: Slot, prompt: list[int],
+                 params: GenerateParams, propose: Proposer | None,
+                 on_step: StepCallback | None, request: Any) -> None:
+        self.slot = slot
+        self.prompt = prompt
+        self.params = params
+        self.propose = propose
+        self.on_step = on_step
+        self.request = request  # the batcher's Request: its queueing before the first step
+        self.stats = GenerationStats(prompt_tokens=len(prompt))
+        self.t_start = time.perf_counter()
+        self.greedy = params.temperature == 0.0
+        self.noise = None if self.greedy else SamplingNoise(params.seed, verifier.vocab_size)
+        # the grammar after the output so far
+        self.state = Grammar(verifier, params.grammar).start() if params.grammar else None
+        # With top-k/top-p the constrained distribution is not the raw one renormalised
+        # over the allowed tokens, so the raw race winner says nothing: mask every row.
+        self.raw_race_ok = params.top_k == 0 and params.top_p >= 1.0
+        self.max_tokens = params.max_tokens  # set by the prefill: where the context ends
+        self.context = list(prompt)  # prompt + generated so far, what the drafter sees
+        self.pending = prompt[-1]  # the last token, not in the KV cache yet
+        self.generated = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""  # the output so far, cut at a stop string
+        self.emitted = 0  # characters of ``text`` already sent
+        self.max_stop = max((len(s) for s in params.stop), default=0)
+        self.t_first: float | None = None
+        self.record_before_first = 0.0
+        self.finish: str | None = None
+
+    def dist(self, row: np.ndarray) -> np.ndarray:
+        """The target distribution of a logit row (temperature, top-k, top-p)."""
+        return target_probs(row, self.params.temperature, self.params.top_k,
+                            self.params.top_p)
+
+    def text_piece(self, eog: bool) -> str:
+        """The text this step releases: up to a tail that could still become a stop
+        string, or, at the finish, the rest (the decoder flushed, unless a stop string
+        cut the text)."""
+        stop, finish = self.params.stop, self.finish
+        if finish is None and stop:
+            # Hold back a tail that could still become a stop string.
+            hold = 0
+            for s in stop:
+                for j in range(min(len(s) - 1, len(self.text) - self.emitted), 0, -1):
+                    if self.text.endswith(s[:j]):
+                        hold = max(hold, j)
+                        break
+            upto = len(self.text) - hold
+        else:
+            if finish is not None and not (stop and finish == "stop" and not eog):
+                self.text += self.decoder.decode(b"", final=True)
+            upto = len(self.text)
+        piece = self.text[self.emitted:upto] if upto > self.emitted else ""
+        self.emitted = max(self.emitted, upto)
+        return piece
+
+
+class _Step:
+    """One decoding step: the draft, its rows in the shared step, what the target made of
+    it."""
+
+    def __init__(self, draft: Any, path: list[int], source: str,
+                 states: list[GrammarState], req: StepRows) -> None:
+        self.draft = draft  # as the proposer returned it, cut to what the step evaluated
+        self.path = path
+        self.source = source
+        self.states = states  # the grammar after each prefix of the path (_grammar_states)
+        self.req = req
+        self.n_past = req.pos0  # the slot's tokens before the step
+        self.accepted = 0
+        self.nxt = 0  # the verifier's own token after the accepted draft
+        self.gaps: list[TokenGap] = []
+        self.new: list[int] = []  # the accepted draft tokens and ``nxt``
+        self.out: list[int] = []  # the tokens of ``new`` output (up to a finish)
+        self.eog = False  # an end-of-generation token finished the generation
+
+
+def _verdict(run: _Run, step: _Step, rows: Sequence[np.ndarray]) -> tuple[int, int]:
+    """The draft tokens the target accepts and its own next token: greedy, its argmax
+    (under the grammar) row by row; sampled, speculative sampling (the grammar's
+    constrained race)."""
+    path, states = step.path, step.states
+    if run.greedy:
+        accepted = 0
+        nxt = _greedy(rows, states, 0)
+        while accepted < len(path) and path[accepted] == nxt:
+            accepted += 1
+            nxt = _greedy(rows, states, accepted)
+        return accepted, nxt
+    assert run.noise is not None
+    winner = _constrained_winner(states, run.dist, run.raw_race_ok) if states else None
+    return speculative_sample(rows, path, run.dist, run.noise, run.generated, winner)
 
 
 class Verifier(KvSlots, CostMeasurement, Certification):
@@ -625,21 +740,24 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         cache_scope: str = "",
         request: Any = None,
     ) -> Iterator[Chunk]:
-        stats = GenerationStats(prompt_tokens=len(prompt))
-        t_start = time.perf_counter()
-        greedy = params.temperature == 0.0
-        noise = None if greedy else SamplingNoise(params.seed, self.vocab_size)
-        state = Grammar(self, params.grammar).start() if params.grammar else None
-        # With top-k/top-p the constrained distribution is not the raw one renormalised
-        # over the allowed tokens, so the raw race winner says nothing: mask every row.
-        raw_race_ok = params.top_k == 0 and params.top_p >= 1.0
+        """The prompt (``_prefill``), then a chunk per step until a finish: the draft
+        (``_draft``), the shared step that verifies it (``_verify``), its tokens taken
+        (``_advance``) up to a finish (``_finish_tokens``), and the chunk (``_chunk``)."""
+        run = _Run(self, slot, prompt, params, propose, on_step, request)
+        self._prefill(run, cache_points, cache_scope)
+        while run.finish is None:
+            step = self._draft(run)
+            self._verify(run, step)
+            self._advance(run, step)
+            self._finish_tokens(run, step)
+            yield self._chunk(run, step)
 
-        def dist(row: np.ndarray) -> np.ndarray:
-            return target_probs(row, params.temperature, params.top_k, params.top_p)
-
-        # --- prompt: reuse the longest common prefix the slot already holds. The last
-        # prompt token stays out of the cache: the first decoding step evaluates it
-        # together with a draft.
+    def _prefill(self, run: _Run, cache_points: Sequence[int], cache_scope: str) -> None:
+        """The prompt: reuse the longest common prefix the slot already holds (or a longer
+        one from another conversation's checkpoint), evaluate the rest in chunks of shared
+        steps and keep checkpoints on the way. The last prompt token stays out of the
+        cache: the first decoding step evaluates it together with a draft."""
+        slot, prompt = run.slot, run.prompt
         common = 0
         limit = min(len(slot.tokens), len(prompt) - 1)
         while common < limit and slot.tokens[common] == prompt[common]:
@@ -648,10 +766,30 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         # ... or a longer prefix from another conversation's checkpoint
         new_conversation = common == 0
         common = self._restore_checkpoint(slot, cache_scope, prompt, common)
-        stats.cached_prompt_tokens = common
+        run.stats.cached_prompt_tokens = common
         # The prompt must fit; the generation stops ("length") where the context ends.
         self._make_room(slot, len(prompt) - common + 1)
-        max_tokens = max(1, min(params.max_tokens, self.n_ctx - len(prompt)))
+        run.max_tokens = max(1, min(run.params.max_tokens, self.n_ctx - len(prompt)))
+        points = self._checkpoint_points(prompt, common, cache_points, cache_scope,
+                                         new_conversation)
+        end = len(prompt) - 1
+        while len(slot.tokens) < end:
+            # in chunks the steps of the other generations leave room for, each ending
+            # at the next checkpoint at the latest
+            pos = len(slot.tokens)
+            upto = min(end, pos + self.n_batch, *points[:1])
+            part = StepRows(slot.seq_id, prompt[pos:upto], pos, room=self.n_batch, prompt=True)
+            with self._steps.step(part, run.request):
+                slot.tokens.extend(part.tokens[: part.kept])
+            if points and len(slot.tokens) == points[0]:
+                self._save_checkpoint(slot, cache_scope)
+                points.pop(0)
+        self.prompt_cache.remember_prompt(cache_scope, prompt)
+        run.stats.prompt_s = time.perf_counter() - run.t_start
+
+    def _checkpoint_points(self, prompt: list[int], common: int, cache_points: Sequence[int],
+                           cache_scope: str, new_conversation: bool) -> list[int]:
+        """The prompt positions past ``common`` where the prefill keeps a checkpoint."""
         points = self.prompt_cache.points(cache_scope, prompt, common, cache_points,
                                           new=new_conversation)
         if self.restore_limit is not None:  # deterministic mode would never restore them
@@ -662,190 +800,155 @@ class Verifier(KvSlots, CostMeasurement, Certification):
             # this one (spider_dev, 8 agents: a 4-19-row chunk before each turn's
             # ~100); its slot keeps the whole prompt for a retry anyway.
             points = [p for p in points if p - common >= CHECKPOINT_SPLIT_MIN]
-        end = len(prompt) - 1
-        while len(slot.tokens) < end:
-            # in chunks the steps of the other generations leave room for, each ending
-            # at the next checkpoint at the latest
-            pos = len(slot.tokens)
-            upto = min(end, pos + self.n_batch, *points[:1])
-            part = StepRows(slot.seq_id, prompt[pos:upto], pos, room=self.n_batch, prompt=True)
-            with self._steps.step(part, request):
-                slot.tokens.extend(part.tokens[: part.kept])
-            if points and len(slot.tokens) == points[0]:
-                self._save_checkpoint(slot, cache_scope)
-                points.pop(0)
-        self.prompt_cache.remember_prompt(cache_scope, prompt)
-        stats.prompt_s = time.perf_counter() - t_start
+        return points
 
-        context = list(prompt)
-        pending = prompt[-1]
-        generated = 0
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text = ""
-        emitted = 0
-        max_stop = max((len(s) for s in params.stop), default=0)
-        t_first: float | None = None
-        record_before_first = 0.0
-        finish: str | None = None
+    def _draft(self, run: _Run) -> _Step:
+        """This step's draft, cut where the grammar forbids a token, and the rows it asks
+        of the shared step (the pending token, then the draft)."""
+        slot, params = run.slot, run.params
+        remaining = run.max_tokens - run.generated
+        room = self.n_ctx - len(slot.tokens) - 1
+        k = max(0, min(params.max_draft, remaining - 1, room, self.n_batch - 1))
+        draft_obj = run.propose(run.context, k) if (run.propose is not None and k > 0) \
+            else None
+        path, source = _draft_path(draft_obj)
+        path = path[:k]
+        if any(not 0 <= t < self.vocab_size for t in path):
+            raise ValueError("drafter proposed a token outside the vocabulary")
+        states, path = _grammar_states(run.state, path)
+        # A suffix-tree path draft may be cut by the step's joint plan (its calibrated
+        # acceptance estimates say where); a grammar's drafts and others stay whole.
+        probs = getattr(draft_obj, "probs", None)
+        is_path = getattr(draft_obj, "is_path", None)
+        trimmable = (self.joint_drafts and run.state is None and probs is not None
+                     and len(probs) >= len(path) and hasattr(draft_obj, "head")
+                     and callable(is_path) and is_path())
+        want = len(path) + 1
+        if trimmable and self._steps.shared():
+            # other sequences step too: offer every candidate, the plan chooses
+            draft_obj = draft_obj.extended()  # type: ignore[union-attr]
+            path = draft_obj.path()[:k]
+            probs = draft_obj.probs
+        req = StepRows(slot.seq_id, [run.pending, *path], len(slot.tokens),
+                       room=min(room + 1, self.n_batch),
+                       probs=(list(probs[: len(path)])
+                              if trimmable and probs is not None else None), want=want)
+        return _Step(draft_obj, path, source, states, req)
 
-        while finish is None:
-            remaining = max_tokens - generated
-            room = self.n_ctx - len(slot.tokens) - 1
-            k = max(0, min(params.max_draft, remaining - 1, room, self.n_batch - 1))
-            draft_obj = propose(context, k) if (propose is not None and k > 0) else None
-            path, source = _draft_path(draft_obj)
-            path = path[:k]
-            if any(not 0 <= t < self.vocab_size for t in path):
-                raise ValueError("drafter proposed a token outside the vocabulary")
-            # states[i]: the grammar after path[:i]; a token it forbids ends the draft
-            states: list[GrammarState] = []
-            if state is not None:
-                states.append(state)
-                for i, t in enumerate(path):
-                    if not states[-1].allows(t):
-                        path = path[:i]
-                        break
-                    nxt_state = states[-1].copy()
-                    nxt_state.accept(t)
-                    states.append(nxt_state)
-            # A suffix-tree path draft may be cut by the step's joint plan (its calibrated
-            # acceptance estimates say where); a grammar's drafts and others stay whole.
-            probs = getattr(draft_obj, "probs", None)
-            is_path = getattr(draft_obj, "is_path", None)
-            trimmable = (self.joint_drafts and state is None and probs is not None
-                         and len(probs) >= len(path) and hasattr(draft_obj, "head")
-                         and callable(is_path) and is_path())
-            want = len(path) + 1
-            if trimmable and self._steps.shared():
-                # other sequences step too: offer every candidate, the plan chooses
-                draft_obj = draft_obj.extended()  # type: ignore[union-attr]
-                path = draft_obj.path()[:k]
-                probs = draft_obj.probs
-            n_past = len(slot.tokens)
-            req = StepRows(slot.seq_id, [pending, *path], n_past,
-                           room=min(room + 1, self.n_batch),
-                           probs=(list(probs[: len(path)])
-                                  if trimmable and probs is not None else None), want=want)
-            gaps: list[TokenGap] = []
-            with self._steps.step(req, request):
-                if req.kept - 1 < len(path):
-                    path = path[: req.kept - 1]
-                    draft_obj = _cut(draft_obj, len(path))
-                if not path:
-                    source = "none"
-                if req.shared == 1:
-                    self._observe_cost(req.kept, req.step_s)
-                # Rows are read in place and only up to the first rejection: copying
-                # 262k logits per drafted position costs more than the argmax.
-                rows = _LogitRows(self, len(path) + 1, req.offset)
-                if greedy:
-                    accepted = 0
-                    nxt = _greedy(rows, states, 0)
-                    while accepted < len(path) and path[accepted] == nxt:
-                        accepted += 1
-                        nxt = _greedy(rows, states, accepted)
-                else:
-                    assert noise is not None
-                    winner = _constrained_winner(states, dist, raw_race_ok) if states \
-                        else None
-                    accepted, nxt = speculative_sample(rows, path, dist, noise, generated,
-                                                       winner)
-                if params.record_gaps:
-                    t_rec = time.perf_counter()
-                    gaps = _gap_records(req, rows, states, [*path[:accepted], nxt])
-                    stats.record_s += time.perf_counter() - t_rec
-                # Keep the evaluated pending token and the accepted draft; drop the rest
-                # (padding included) before the next step's decode.
-                keep = n_past + 1 + accepted
-                if keep < n_past + req.rows:
-                    with self._mem_lock:
-                        self._seq_rm(slot.seq_id, keep)
-                req.emitted = accepted + 1
-            if state is not None:
-                # the state after the accepted draft takes the verifier's own token
-                state = states[accepted]
-                if not state.allows(nxt):
-                    raise GrammarError("the grammar allows no token here (a dead end)")
-                state.accept(nxt)
-            slot.tokens.append(pending)
-            slot.tokens.extend(path[:accepted])
-            new = [*path[:accepted], nxt]
-            pending = nxt
-            stats.steps += 1
-            stats.drafted_tokens += len(path)
-            stats.accepted_tokens += accepted
-            if path:
-                agg = stats.by_source.setdefault(source, [0, 0])
-                agg[0] += len(path)
-                agg[1] += accepted
-            # Every step the drafter was asked about, empty drafts included: a step
-            # without a draft is one token at the cost of one, and the drafter's
-            # achieved rate (what each draft must beat) has to count it.
-            if on_step is not None and draft_obj is not None:
-                on_step(draft_obj, accepted, new)
+    def _verify(self, run: _Run, step: _Step) -> None:
+        """The shared step: the draft as the plan cut it, verified (``_verdict``); the
+        rows past the accepted ones (rejected draft, padding) rolled back before the next
+        step's decode."""
+        req = step.req
+        with self._steps.step(req, run.request):
+            if req.kept - 1 < len(step.path):
+                step.path = step.path[: req.kept - 1]
+                step.draft = _cut(step.draft, len(step.path))
+            if not step.path:
+                step.source = "none"
+            if req.shared == 1:
+                self._observe_cost(req.kept, req.step_s)
+            # Rows are read in place and only up to the first rejection: copying
+            # 262k logits per drafted position costs more than the argmax.
+            rows = _LogitRows(self, len(step.path) + 1, req.offset)
+            step.accepted, step.nxt = _verdict(run, step, rows)
+            if run.params.record_gaps:
+                t_rec = time.perf_counter()
+                step.gaps = _gap_records(req, rows, step.states,
+                                         [*step.path[:step.accepted], step.nxt])
+                run.stats.record_s += time.perf_counter() - t_rec
+            # Keep the evaluated pending token and the accepted draft; drop the rest
+            # (padding included) before the next step's decode.
+            keep = step.n_past + 1 + step.accepted
+            if keep < step.n_past + req.rows:
+                with self._mem_lock:
+                    self._seq_rm(run.slot.seq_id, keep)
+            req.emitted = step.accepted + 1
 
-            # --- finish conditions, token by token
-            out: list[int] = []
-            eog = False
-            for tok in new:
-                # a grammar ends where the model ends it, ignore_eos or not
-                if (not params.ignore_eos or state is not None) and self.is_eog(tok):
-                    finish = "stop"
-                    eog = True
+    def _advance(self, run: _Run, step: _Step) -> None:
+        """After the step: the grammar, the slot and the counters take the accepted draft
+        and the verifier's own token (``step.new``); the drafter hears how its draft
+        fared."""
+        accepted, nxt, path = step.accepted, step.nxt, step.path
+        if run.state is not None:
+            # the state after the accepted draft takes the verifier's own token
+            run.state = step.states[accepted]
+            if not run.state.allows(nxt):
+                raise GrammarError("the grammar allows no token here (a dead end)")
+            run.state.accept(nxt)
+        run.slot.tokens.append(run.pending)
+        run.slot.tokens.extend(path[:accepted])
+        step.new = [*path[:accepted], nxt]
+        run.pending = nxt
+        stats = run.stats
+        stats.steps += 1
+        stats.drafted_tokens += len(path)
+        stats.accepted_tokens += accepted
+        if path:
+            agg = stats.by_source.setdefault(step.source, [0, 0])
+            agg[0] += len(path)
+            agg[1] += accepted
+        # Every step the drafter was asked about, empty drafts included: a step
+        # without a draft is one token at the cost of one, and the drafter's
+        # achieved rate (what each draft must beat) has to count it.
+        if run.on_step is not None and step.draft is not None:
+            run.on_step(step.draft, accepted, step.new)
+
+    def _finish_tokens(self, run: _Run, step: _Step) -> None:
+        """The finish conditions, token by token: the step's new tokens up to an
+        end-of-generation token, a stop string or the length (``step.out``), their text
+        decoded into ``run.text``."""
+        params = run.params
+        for tok in step.new:
+            # a grammar ends where the model ends it, ignore_eos or not
+            if (not params.ignore_eos or run.state is not None) and self.is_eog(tok):
+                run.finish = "stop"
+                step.eog = True
+                break
+            step.out.append(tok)
+            run.generated += 1
+            run.text += run.decoder.decode(self.token_bytes(tok))
+            if params.stop:
+                start = max(0, run.emitted - run.max_stop)
+                hits = [i for s in params.stop if (i := run.text.find(s, start)) >= 0]
+                if hits:
+                    run.text = run.text[: min(hits)]
+                    run.finish = "stop"
                     break
-                out.append(tok)
-                generated += 1
-                text += decoder.decode(self.token_bytes(tok))
-                if params.stop:
-                    start = max(0, emitted - max_stop)
-                    hits = [i for s in params.stop if (i := text.find(s, start)) >= 0]
-                    if hits:
-                        text = text[: min(hits)]
-                        finish = "stop"
-                        break
-                if generated >= max_tokens:
-                    finish = "length"
-                    break
-            context.extend(new)
-            if t_first is None:
-                t_first = time.perf_counter()
-                stats.first_token_s = t_first - t_start - stats.record_s
-                record_before_first = stats.record_s
-            if finish is None and params.stop:
-                # Hold back a tail that could still become a stop string.
-                hold = 0
-                for s in params.stop:
-                    for j in range(min(len(s) - 1, len(text) - emitted), 0, -1):
-                        if text.endswith(s[:j]):
-                            hold = max(hold, j)
-                            break
-                upto = len(text) - hold
-            else:
-                if finish is not None and not (params.stop and finish == "stop" and not eog):
-                    text += decoder.decode(b"", final=True)
-                upto = len(text)
-            piece = text[emitted:upto] if upto > emitted else ""
-            emitted = max(emitted, upto)
-            chunk = Chunk(
-                text=piece,
-                tokens=out,
-                source=source,
-                proposed=len(path),
-                accepted=accepted,
-                # the end-of-generation token is not output, but its gap is kept so
-                # that a run stopping where another goes on can be certified too
-                gaps=gaps[: len(out) + int(eog)],
-            )
-            if finish is not None:
-                now = time.perf_counter()
-                stats.completion_tokens = generated
-                stats.decode_s = now - (t_first or now) - (stats.record_s - record_before_first)
-                stats.total_s = now - t_start - stats.record_s
-                chunk.finish_reason = finish
-                if request is not None and request.queue_s is not None:
-                    stats.queue_s = request.queue_s
-                chunk.stats = stats
-            yield chunk
+            if run.generated >= run.max_tokens:
+                run.finish = "length"
+                break
+
+    def _chunk(self, run: _Run, step: _Step) -> Chunk:
+        """The step's chunk: its output tokens and the text they release
+        (``_Run.text_piece``); the last one also carries the finish and the stats."""
+        run.context.extend(step.new)
+        stats = run.stats
+        if run.t_first is None:
+            run.t_first = time.perf_counter()
+            stats.first_token_s = run.t_first - run.t_start - stats.record_s
+            run.record_before_first = stats.record_s
+        chunk = Chunk(
+            text=run.text_piece(step.eog),
+            tokens=step.out,
+            source=step.source,
+            proposed=len(step.path),
+            accepted=step.accepted,
+            # the end-of-generation token is not output, but its gap is kept so
+            # that a run stopping where another goes on can be certified too
+            gaps=step.gaps[: len(step.out) + int(step.eog)],
+        )
+        if run.finish is not None:
+            now = time.perf_counter()
+            stats.completion_tokens = run.generated
+            stats.decode_s = now - (run.t_first or now) - (stats.record_s
+                                                           - run.record_before_first)
+            stats.total_s = now - run.t_start - stats.record_s
+            chunk.finish_reason = run.finish
+            if run.request is not None and run.request.queue_s is not None:
+                stats.queue_s = run.request.queue_s
+            chunk.stats = stats
+        return chunk
 
     def close(self) -> None:
         """Free the context and the model. The caller makes sure no thread uses them any
