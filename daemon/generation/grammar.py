@@ -11,7 +11,7 @@ checking the best candidates first), ``mask(logits)`` (every token checked: abou
 on a 262k vocabulary), ``accept(token)`` and ``copy()``. The verifier keeps one state per drafted
 position, so a draft token the grammar forbids ends the draft before it is verified, and
 each row is judged against the constrained target (see ``constrained_argmax`` and
-the verifier's ``_verdict``).
+``generation_run.verdict``).
 
 llama.cpp aborts the process when a token its grammar rejects is accepted, so ``accept``
 refuses such a token itself (``GrammarError``) instead of handing it over.
