@@ -73,6 +73,37 @@ def _best(children: dict[int, int]) -> int | None:
     return min(children, key=lambda t: (-children[t], t))
 
 
+def _match_roots(
+    trees: Sequence[RefTree], weights: Sequence[float], tail_seqs: Sequence[int],
+    context: Sequence[int], max_match: int, match_power: float, match_lens: list[int],
+) -> tuple[list[tuple[tuple[int, ...], int, float] | None], list[float]]:
+    """Per source: the state its draft starts from (the longest matched context suffix,
+    the discount of its own tail, probability 1) or None, and its prior weight; each
+    source's match length goes into ``match_lens``."""
+    ns, n = len(trees), len(context)
+    # state per source: (string so far, discount, prob) or None
+    root: list[tuple[tuple[int, ...], int, float] | None] = [None] * ns
+    prior = [0.0] * ns
+    for s, tree in enumerate(trees):
+        mm = max_match if max_match > 0 else tree.max_depth - 1
+        window = min(n, mm)
+        discount = (
+            1 if tail_seqs[s] >= 0 and tree.ends_with(tail_seqs[s], context[n - window :]) else 0
+        )
+        m = 0
+        for start in range(n - window, n):
+            w = tuple(context[start:])
+            if tree.count(w) >= 1 + discount:
+                m = n - start
+                break
+        match_lens[s] = m
+        if m <= 0 or weights[s] <= 0.0:
+            continue
+        prior[s] = weights[s] * float(m) ** match_power
+        root[s] = (tuple(context[n - m :]), discount, 1.0)
+    return root, prior
+
+
 def ref_speculate_multi(
     trees: Sequence[RefTree],
     weights: Sequence[float],
@@ -97,32 +128,12 @@ def ref_speculate_multi(
     }
     if ns == 0 or max_tokens <= 0 or not context:
         return out
-    n = len(context)
-    # state per source: (string so far, discount, prob) or None
-    root: list[tuple[tuple[int, ...], int, float] | None] = [None] * ns
-    prior = [0.0] * ns
-    z = 0.0
-    best_match = 0
     match_lens: list[int] = out["match_lens"]  # type: ignore[assignment]
-    for s, tree in enumerate(trees):
-        mm = max_match if max_match > 0 else tree.max_depth - 1
-        window = min(n, mm)
-        discount = (
-            1 if tail_seqs[s] >= 0 and tree.ends_with(tail_seqs[s], context[n - window :]) else 0
-        )
-        m = 0
-        for start in range(n - window, n):
-            w = tuple(context[start:])
-            if tree.count(w) >= 1 + discount:
-                m = n - start
-                break
-        match_lens[s] = m
-        if m <= 0 or weights[s] <= 0.0:
-            continue
-        prior[s] = weights[s] * float(m) ** match_power
-        root[s] = (tuple(context[n - m :]), discount, 1.0)
-        z += prior[s]
-        best_match = max(best_match, m)
+    root, prior = _match_roots(trees, weights, tail_seqs, context, max_match, match_power,
+                               match_lens)
+    z = sum(prior)
+    best_match = max((m for m, st in zip(match_lens, root, strict=True) if st is not None),
+                     default=0)
     if z <= 0.0:
         return out
     import math
