@@ -37,7 +37,7 @@ from typing import Any
 
 
 def record(args: argparse.Namespace) -> None:
-    from suffixd.cli.bench_generate import _load_turns, fits_side_by_side
+    from suffixd.cli.bench_generate import fits_side_by_side, load_turns
     from suffixd.daemon.generation.chat import ChatRenderer
     from suffixd.daemon.generation.verifier import GenerateParams, Verifier
     from suffixd.daemon.model import resolve_model_path
@@ -49,7 +49,7 @@ def record(args: argparse.Namespace) -> None:
     current = None
     with open(args.traces, "w") as out:
         out.write(json.dumps({"cost_profile": {str(k): c for k, c in profile.items()}}) + "\n")
-        for session, msgs in _load_turns(Path(args.workload), args.turns):
+        for session, msgs in load_turns(Path(args.workload), args.turns):
             prompt = renderer.tokens(msgs)
             if not fits_side_by_side(len(prompt), args.max_tokens, n_ctx):
                 continue  # the turns bench generate measures

@@ -60,7 +60,7 @@ def load_session_turns(path: Path, sessions: int) -> list[tuple[str, list[dict[s
     return turns
 
 
-def _load_turns(path: Path, limit: int) -> list[tuple[str, list[dict[str, str]]]]:
+def load_turns(path: Path, limit: int) -> list[tuple[str, list[dict[str, str]]]]:
     turns: list[tuple[str, list[dict[str, str]]]] = []
     with path.open() as f:
         for line in f:
@@ -162,7 +162,7 @@ def generate_bench(
                                 plain=ls_plain)
     busy = BusyLoad(load) if load else None
     try:
-        todo = _load_turns(workload, turns)
+        todo = load_turns(workload, turns)
         if not todo:
             raise click.ClickException(f"{workload}: no assistant turns")
         out = _run(workload, todo, max_tokens, model_path, n_ctx, threads, wanted, servers,
