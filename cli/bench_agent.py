@@ -13,7 +13,9 @@ turn; reported per system: session wall time, mean and p95 whole-turn latency, p
 tokens actually evaluated (what KV reuse left to compute), decode tok/s.
 
 With ``--concurrency N1,N2`` the sessions run N at a time through the OpenAI endpoint
-instead, side by side with llama-server ``-np N`` (cli/bench_concurrency.py).
+instead, side by side with llama-server ``-np N`` (cli/bench_concurrency.py);
+``--deterministic`` runs every daemon in deterministic mode and certifies against plain
+decoding in that mode (the same request must then get the same tokens at every N).
 """
 
 from __future__ import annotations
@@ -58,18 +60,29 @@ from .llama_server import llama_server_options
 @click.option("--certify/--no-certify", default=True, show_default=True,
               help="With --concurrency: after the timed runs, judge suffixd's answers against "
                    "plain decoding of the same prompts (identical, near-tie, diverged).")
+@click.option("--deterministic/--no-deterministic", default=None,
+              help="With --concurrency: every suffixd daemon runs serve --deterministic (or "
+                   "--no-deterministic), and the certification's plain decoding runs in the "
+                   "same mode [default: as serve's: $SUFFIXD_DETERMINISTIC, else off].")
 @llama_server_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | None, n_ctx: int,
                 threads: int, modes: str, turns_limit: int, concurrency: str | None,
-                profiles: Path | None, repeat: int, certify: bool, llama_server: str | None,
+                profiles: Path | None, repeat: int, certify: bool,
+                deterministic: bool | None, llama_server: str | None,
                 spec_types: str | None, ls_flash_attn: str, ls_plain: bool,
                 as_json: bool) -> None:
     """Replay WORKLOAD's sessions whole, turn by turn, as an agent sends them."""
+    from ..daemon.generation.pipeline import deterministic_choice
     from ..daemon.model import resolve_model_path
     from .llama_server import start_servers
 
     levels = parse_levels(concurrency) if concurrency is not None else None
+    if deterministic is not None and levels is None:
+        raise click.BadParameter("only with --concurrency", param_hint="--deterministic")
+    # the daemons' mode, resolved here as serve resolves it, so that the certification's
+    # plain decoding runs in the same mode (None: DETERMINISTIC_DEFAULT's fallback)
+    mode = deterministic_choice(deterministic)
     wanted = [m.strip() for m in modes.split(",") if m.strip()]
     if not wanted or any(m not in MODES for m in wanted) or "plain" not in wanted:
         raise click.BadParameter(f"--modes: a subset of {MODES} including plain",
@@ -83,10 +96,15 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
         raise click.ClickException(f"{workload}: no assistant turns")
     if levels is not None:
         # one plain decoding of every turn serves every run's certification
-        certifier = TokenCertifier(model_path, n_ctx, max_tokens, threads) if certify else None
-        runs = [run_concurrency(workload, todo, levels, max_tokens, model, model_path, n_ctx,
-                                threads, llama_server, spec_types, ls_flash_attn, ls_plain,
-                                profiles, certifier) for _ in range(repeat)]
+        certifier = TokenCertifier(model_path, n_ctx, max_tokens, threads,
+                                   deterministic=mode is not False) if certify else None
+        try:
+            runs = [run_concurrency(workload, todo, levels, max_tokens, model, model_path,
+                                    n_ctx, threads, llama_server, spec_types, ls_flash_attn,
+                                    ls_plain, profiles, certifier, mode)
+                    for _ in range(repeat)]
+        except RuntimeError as exc:  # the certification's deterministic mode did not hold
+            raise click.ClickException(str(exc)) from None
         c_out = runs[0] if repeat == 1 else {"runs": runs,
                                               "repeat_summary": repeat_summary(runs)}
         if as_json:

@@ -8,10 +8,19 @@ and judges every level's tokens of that turn with ``certify_tokens``: identical,
 a near-tie, or diverged. A diverged turn is a losslessness bug of the served path (shared
 steps, drafts, padding), which comparing texts between levels (``greedy_same``) cannot
 tell from batch-shape rounding.
+
+With ``deterministic`` (``bench agent --deterministic``: the daemons serve in deterministic
+mode), the plain decoding runs in deterministic mode too (no repacked weights,
+``GGML_CPU_TILED_MM=0``, no one-row ubatch): every row then has the logits the daemons
+computed, bit for bit, so every answer should be identical (a near-tie is a parting the
+mode promises not to make). Its start-up check must hold in this process (ggml reads
+``GGML_CPU_TILED_MM`` at the process's first matrix product), else the certification
+stops with why.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,11 +40,13 @@ class Turn(Protocol):
 class TokenCertifier:
     """Plain decoding's gap records of a benchmark's turns, and the verdicts they give."""
 
-    def __init__(self, model_path: Path, n_ctx: int, max_tokens: int, threads: int) -> None:
+    def __init__(self, model_path: Path, n_ctx: int, max_tokens: int, threads: int,
+                 deterministic: bool = False) -> None:
         self.model_path = model_path
         self.n_ctx = n_ctx
         self.max_tokens = max_tokens
         self.threads = threads
+        self.deterministic = deterministic
         self.references: dict[Key, list[TokenGap]] = {}
         self._eog: set[int] = set()
 
@@ -49,8 +60,21 @@ class TokenCertifier:
         from ..daemon.generation.verifier import GenerateParams, Verifier
 
         # n_ctx 0: the model's trained length (the Verifier caps what it is given)
-        v = Verifier(self.model_path, n_ctx=self.n_ctx or 1 << 30, n_slots=1,
-                     n_threads=self.threads)
+        tiled = os.environ.get("GGML_CPU_TILED_MM")
+        try:
+            v = Verifier(self.model_path, n_ctx=self.n_ctx or 1 << 30, n_slots=1,
+                         n_threads=self.threads, deterministic=self.deterministic)
+        finally:
+            # deterministic mode sets it for this process's llama.cpp (read once, by now);
+            # the servers a later run starts (llama-server) keep their own kernels
+            if tiled is None:
+                os.environ.pop("GGML_CPU_TILED_MM", None)
+            else:
+                os.environ["GGML_CPU_TILED_MM"] = tiled
+        if self.deterministic and not v.deterministic:
+            why = v.determinism.get("why", "")
+            v.close()
+            raise RuntimeError(f"certification in deterministic mode: {why}")
         try:
             params = GenerateParams(max_tokens=self.max_tokens, record_gaps=True)
             for session, turns in todo:

@@ -24,6 +24,12 @@ suffixd even when not a level asked for); ``greedy_same``: the turns whose suffi
 N equals suffixd's text at the first level; and with a ``TokenCertifier``
 (cli/bench_certify.py), ``certified``: per N, suffixd's turns (their ``token_ids``) judged
 against plain decoding (identical, near-tie, diverged), after the timed runs.
+
+``deterministic`` True / False gives every suffixd daemon ``serve --deterministic`` /
+``--no-deterministic`` (None: neither, the daemon's default); the report says which, and
+each level's daemon says whether the mode is on (``batching.deterministic``). In
+deterministic mode ``greedy_same`` should be every turn and the certification (whose plain
+decoding then runs in that mode too) every turn identical.
 """
 
 from __future__ import annotations
@@ -233,6 +239,28 @@ def greedy_same(texts: dict[int, dict[tuple[str, int], str]], levels: Sequence[i
     return out
 
 
+def partings(answers: dict[int, dict[tuple[str, int], list[int]]], levels: Sequence[int]
+             ) -> dict[str, list[list[Any]]]:
+    """Per level after the first: the turns whose token ids differ from the first level's,
+    each as [session, turn, the first token that differs, the first level's token there,
+    this level's] (a token None: that answer ended there)."""
+    ref = answers.get(levels[0], {})
+    out: dict[str, list[list[Any]]] = {}
+    for n in levels[1:]:
+        got = answers.get(n, {})
+        parted = []
+        for key in (k for k in ref if k in got):
+            a, b = ref[key], got[key]
+            if a == b:
+                continue
+            at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                      min(len(a), len(b)))
+            parted.append([key[0], key[1], at, a[at] if at < len(a) else None,
+                           b[at] if at < len(b) else None])
+        out[str(n)] = parted
+    return out
+
+
 def _profile_copy(profiles: Path, slots: int | None) -> Path:
     return profiles / f"cost_profile-slots{slots or 'default'}.json"
 
@@ -272,9 +300,11 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                     threads: int, llama_server: str | None, spec_types: str | None,
                     ls_flash_attn: str, ls_plain: bool,
                     profiles: Path | None = None,
-                    certifier: TokenCertifier | None = None) -> dict[str, Any]:
+                    certifier: TokenCertifier | None = None,
+                    deterministic: bool | None = None) -> dict[str, Any]:
     """Every level, every system, a fresh server each; the figures as one JSON object
-    (with ``certifier``, suffixd's answers certified once the servers are stopped)."""
+    (with ``certifier``, suffixd's answers certified once the servers are stopped;
+    ``deterministic``: the daemons' mode, see the module docstring)."""
     import openai
 
     from ..daemon.generation.chat import ChatRenderer
@@ -308,13 +338,15 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
     # suffixd one session after another (N = 1) is run even when not asked for: every
     # level is judged against it, so that N at once slower than one at a time shows
     suffixd_levels = levels if 1 in levels else [1, *levels]
+    mode_args = daemon_mode_args(deterministic)
     try:
         for n in suffixd_levels:
             (tmp / f"n{n}").mkdir()
             slots = n if n > 4 else None
             data = tmp / f"n{n}" / "data"
             kept = reuse_profile(profiles, data, slots)
-            daemon = start_daemon(data, model, threads, n_ctx, kv_slots=slots)
+            daemon = start_daemon(data, model, threads, n_ctx, kv_slots=slots,
+                                  extra_args=mode_args)
             target = daemon.target
             try:
                 wait_measured(daemon.proc, target)
@@ -366,9 +398,20 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
     return {"workload": str(workload), "sessions": len(plan),
             "turns": sum(len(t) for _, t in plan), "skipped_turns": skipped, "n_ctx": n_ctx,
             "max_tokens": max_tokens, "threads": threads, "concurrency": levels,
+            "deterministic": deterministic,
             "results": {s: {str(n): v for n, v in r.items()} for s, r in results.items()},
             **ratios(results, levels), "greedy_same": greedy_same(texts, levels),
-            **({"certified": certified} if certified is not None else {})}
+            "parted": partings(answers, levels),
+            **({"certified": certified,
+                "certify_reference": "deterministic" if certifier and certifier.deterministic
+                else "default"} if certified is not None else {})}
+
+
+def daemon_mode_args(deterministic: bool | None) -> list[str]:
+    """``serve``'s arguments for the daemons' mode (None: the daemon's default)."""
+    if deterministic is None:
+        return []
+    return ["--deterministic" if deterministic else "--no-deterministic"]
 
 
 def report(out: dict[str, Any]) -> None:
@@ -388,6 +431,13 @@ def report(out: dict[str, Any]) -> None:
     click.echo(f"{Path(out['workload']).name}: {out['sessions']} sessions, {out['turns']} "
                f"turns ({out['skipped_turns']} do not fit {out['n_ctx']} tokens), "
                f"{out['max_tokens']} tokens max, {out['threads']} threads")
+    mode = out.get("deterministic")
+    on = {n: r.get("batching", {}).get("deterministic")
+          for n, r in out["results"].get("suffixd", {}).items() if r.get("batching")}
+    click.echo("suffixd daemons: " + {True: "serve --deterministic", False: "serve "
+               "--no-deterministic", None: "the default mode"}[mode]
+               + "".join(f"; N={n} deterministic {'on' if v else 'off'}"
+                         for n, v in on.items() if v is not None))
     click.echo(f"{'system':<16} {'N':>3} {'agg tok/s':>10} {'wall s':>8} {'session s':>10} "
                f"{'turn s':>8} {'p95 s':>7} {'decode tok/s':>13} {'turns':>6}")
     for n in sorted({1, *out["concurrency"]}):
@@ -420,6 +470,14 @@ def report(out: dict[str, Any]) -> None:
                    f"aggregate tok/s {x:.3f}{verdict}")
     for n, same in out["greedy_same"].items():
         click.echo(f"N={n}: suffixd text same as at N={out['concurrency'][0]}: {same}")
+    for n, parted in out.get("parted", {}).items():
+        click.echo(f"N={n}: suffixd token ids parted from N={out['concurrency'][0]}'s in "
+                   f"{len(parted)} turns" + "".join(
+                       f"; {s} turn {i} at token {at} ({a} vs {b})"
+                       for s, i, at, a, b in parted[:8]) + ("; ..." if len(parted) > 8 else ""))
+    if "certified" in out:
+        click.echo(f"certification: plain decoding in {out.get('certify_reference', 'default')}"
+                   " mode")
     for n, c in out.get("certified", {}).items():
         where = "".join(f"; diverged: {s} turn {i} at token {at} (plain decoding's gap {gap})"
                         for s, i, at, gap in c["diverged_at"])

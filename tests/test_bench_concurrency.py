@@ -11,10 +11,12 @@ from suffixd.cli.bench_concurrency import (
     PlannedTurn,
     TurnResult,
     aggregate,
+    daemon_mode_args,
     first_turns,
     greedy_same,
     keep_profile,
     parse_levels,
+    partings,
     plan_sessions,
     ratios,
     repeat_summary,
@@ -258,3 +260,106 @@ def test_report_shows_each_level_against_one_after_another(capsys) -> None:
         "1.250; wall 0.800x\n" in shown
     assert "N=8: suffixd 8 at once / one after another (same sessions): aggregate tok/s " \
         "0.940; wall 1.070x  SLOWER than one after another" in shown
+
+
+def _workload(tmp_path) -> str:
+    import json
+
+    path = tmp_path / "w.jsonl"
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    path.write_text(json.dumps({"session": "s", "messages": msgs}) + "\n")
+    return str(path)
+
+
+def _plumbed(monkeypatch, tmp_path, args: list[str]) -> tuple[object, dict, str]:
+    """``bench agent --concurrency 1,4 ARGS`` with the runs and the certifier replaced:
+    (the exit, what reached them, the output)."""
+    import suffixd.cli.bench_agent as agent
+
+    seen: dict = {}
+
+    class Certifier:
+        def __init__(self, *a, deterministic: bool = False) -> None:
+            seen["certifier"] = deterministic
+
+    def run(*a):
+        seen["daemons"] = a[-1]
+        seen["certifier_given"] = a[-2] is not None
+        return {"concurrency": [1, 4], "suffixd_vs_ls_best": {}, "deterministic": a[-1]}
+
+    monkeypatch.setattr(agent, "TokenCertifier", Certifier)
+    monkeypatch.setattr(agent, "run_concurrency", run)
+    monkeypatch.delenv("SUFFIXD_DETERMINISTIC", raising=False)
+    result = CliRunner().invoke(main, ["bench", "agent", _workload(tmp_path), "--concurrency",
+                                       "1,4", "--json", *args])
+    return result, seen, result.output
+
+
+def test_deterministic_reaches_every_daemon_and_the_certification(monkeypatch, tmp_path) -> None:
+    import json
+
+    result, seen, shown = _plumbed(monkeypatch, tmp_path, ["--deterministic"])
+    assert result.exit_code == 0, shown
+    assert seen == {"daemons": True, "certifier": True, "certifier_given": True}
+    assert json.loads(shown)["deterministic"] is True
+    _, seen, _ = _plumbed(monkeypatch, tmp_path, ["--no-deterministic", "--no-certify"])
+    assert seen == {"daemons": False, "certifier_given": False}
+    _, seen, _ = _plumbed(monkeypatch, tmp_path, [])  # serve's default: off
+    assert seen == {"daemons": False, "certifier": False, "certifier_given": True}
+
+
+def test_deterministic_follows_serves_environment_variable(monkeypatch, tmp_path) -> None:
+    import suffixd.cli.bench_agent as agent
+
+    got = {}
+
+    def run(*a):
+        got["mode"] = a[-1]
+        return {"concurrency": [1], "suffixd_vs_ls_best": {}}
+
+    monkeypatch.setattr(agent, "run_concurrency", run)
+    monkeypatch.setenv("SUFFIXD_DETERMINISTIC", "1")
+    result = CliRunner().invoke(main, ["bench", "agent", _workload(tmp_path), "--concurrency",
+                                       "1", "--no-certify", "--json"])
+    assert result.exit_code == 0, result.output
+    assert got == {"mode": True}
+
+
+def test_deterministic_needs_concurrency(tmp_path) -> None:
+    result = CliRunner().invoke(main, ["bench", "agent", _workload(tmp_path),
+                                       "--deterministic"])
+    assert result.exit_code != 0 and "only with --concurrency" in result.output
+
+
+def test_daemon_mode_args() -> None:
+    assert daemon_mode_args(True) == ["--deterministic"]
+    assert daemon_mode_args(False) == ["--no-deterministic"]
+    assert daemon_mode_args(None) == []
+
+
+def test_partings_name_the_first_token_that_differs() -> None:
+    answers = {1: {("a", 0): [5, 6, 7], ("a", 1): [1, 2], ("b", 0): [9]},
+               4: {("a", 0): [5, 6, 7], ("a", 1): [1, 3], ("b", 0): [9, 10]}}
+    assert partings(answers, [1, 4]) == {"4": [["a", 1, 1, 2, 3], ["b", 0, 1, None, 10]]}
+    assert partings(answers, [1]) == {}
+
+
+def test_report_says_the_mode_and_where_turns_parted(capsys) -> None:
+    fields = ("agg_tok_s", "wall_s", "session_wall_s", "turn_s", "turn_p95_s",
+              "decode_tok_s", "turns")
+    res = {n: {**dict.fromkeys(fields, 1.0), "batching": {"deterministic": True}}
+           for n in ("1", "4")}
+    out = {"workload": "w.jsonl", "sessions": 1, "turns": 2, "skipped_turns": 0,
+           "n_ctx": 4096, "max_tokens": 64, "threads": 2, "concurrency": [1, 4],
+           "deterministic": True, "results": {"suffixd": res}, "ls_best": {},
+           "suffixd_vs_ls_best": {}, "suffixd_vs_n1": {}, "greedy_same": {"4": "1/2"},
+           "parted": {"4": [["a", 1, 7, 100, 200]]}, "certify_reference": "deterministic",
+           "certified": {n: {"identical": 2, "near_tie": 0, "diverged": 0, "diverged_at": []}
+                         for n in ("1", "4")}}
+    report(out)
+    shown = capsys.readouterr().out
+    assert "suffixd daemons: serve --deterministic; N=1 deterministic on; " \
+        "N=4 deterministic on\n" in shown
+    assert "N=4: suffixd token ids parted from N=1's in 1 turns; a turn 1 at token 7 " \
+        "(100 vs 200)\n" in shown
+    assert "certification: plain decoding in deterministic mode\n" in shown
