@@ -47,7 +47,8 @@ _V: Verifier | None = None  # the worker's
 
 def _init_worker() -> None:
     global _V
-    _V = Verifier(embedded_model_path(), n_ctx=1024, n_threads=1, n_slots=3,
+    # 2,048: past the sliding-window layers' ring of n_swa + n_ubatch = 1,024 cells
+    _V = Verifier(embedded_model_path(), n_ctx=2048, n_threads=1, n_slots=3,
                   deterministic=True)
 
 
@@ -104,6 +105,32 @@ def _job_drafted_vs_plain() -> list[dict[str, Any]]:
         out.append({"plain": plain, "drafted": drafted, "rows_max_diff": worst,
                     "rows_equal": worst == 0.0, "argmax": argmax})
     return out
+
+
+def _job_past_the_ring() -> dict[str, Any]:
+    """Plain decoding across the 1,024th position (the end of the sliding-window layers'
+    KV ring when it is not kept whole), then the same drafted with 12-token drafts whose
+    first token is wrong wherever they would cross that position: rows that wrap to the
+    ring's start, rolled back (before the fix, the next positions landed in other cells)."""
+    v = _verifier()
+    ring = v.n_swa + v.n_ubatch
+    words = QUESTIONS[1].split() + QUESTIONS[2].split()
+    text = " ".join(words[(i * 5) % len(words)] for i in range(ring))
+    prompt = v.tokenize(text, add_bos=True)[: ring - 14]
+    params = GenerateParams(max_tokens=MAX_TOKENS, ignore_eos=True, record_gaps=True)
+    plain = _run(v, "ring-plain", prompt, params)
+    crossings = []
+
+    def propose(ctx: list[int], k: int) -> list[int]:
+        d = plain["tokens"][len(ctx) - len(prompt):][: min(k, 12)]
+        if d and len(ctx) < ring <= len(ctx) + len(d) - 1:
+            crossings.append(len(ctx))
+            return [(d[0] + 11) % 1000, *d[1:]]
+        return d[:2]
+
+    drafted = _run(v, "ring-drafted", prompt, params, propose)
+    return {"plain": plain, "drafted": drafted, "crossings": crossings, "ring": ring,
+            "prompt": len(prompt)}
 
 
 def _job_sampled() -> list[dict[str, Any]]:
@@ -244,6 +271,16 @@ def test_drafted_greedy_equals_plain_token_for_token_and_bit_for_bit(
         assert drafted["tops"] == plain["tops"], i
         assert r["rows_equal"], (i, r["rows_max_diff"])
         assert r["argmax"] == plain["tokens"][: len(r["argmax"])], i
+
+
+def test_drafts_rolled_back_past_the_sliding_windows_ring_change_no_logit(
+        worker: ProcessPoolExecutor) -> None:
+    r = worker.submit(_job_past_the_ring).result(timeout=900)
+    plain, drafted = r["plain"], r["drafted"]
+    assert r["prompt"] + len(plain["tokens"]) > r["ring"] + 8, r
+    assert r["crossings"], "no draft crossed the ring's end"
+    assert drafted["tokens"] == plain["tokens"]
+    assert drafted["tops"] == plain["tops"]
 
 
 def test_sampled_output_for_a_seed_is_the_same_drafted_or_not(

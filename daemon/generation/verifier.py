@@ -139,7 +139,14 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         # step_planner._keep_decodes_whole): llama.cpp reuses a window cell only once it is
         # outside the window of the next position. Reusing a cached prompt
         # from further back than the window is not, so _reusable_prefix checks it.
-        cparams.swa_full = False
+        # Deterministic mode keeps the whole context instead (llama.cpp's swa_full): once
+        # a sequence passes the ring's end (n_swa + n_ubatch cells) a rolled-back draft
+        # that had wrapped to the ring's start moves llama.cpp's search head there, so the
+        # next positions land in other cells than plain decoding's, and attention sums
+        # over cells in cell order: logits up to ~0.4 apart (bench/swa_ring_probe.py:
+        # 3 of 24 drafted spider_dev turns with the ring, 0 of 24 without). The cost is
+        # memory: every layer's KV for the whole context, as the full-attention ones.
+        cparams.swa_full = deterministic
         # No flash attention: llama.cpp's CPU kernel for batches of under 64 rows (0.3.36)
         # can leave a wrong K/V row in the cache (a 32-token batch ending at position 4194
         # of a spider_dev session made a later step's logits 20.7 where every other
