@@ -16,6 +16,9 @@ With ``--concurrency N1,N2`` the sessions run N at a time through the OpenAI end
 instead, side by side with llama-server ``-np N`` (cli/bench_concurrency.py);
 ``--deterministic`` runs every daemon in deterministic mode and certifies against plain
 decoding in that mode (the same request must then get the same tokens at every N).
+``--draft-model PATH`` gives the daemons a fallback draft model (``serve --draft-model``;
+with ``--concurrency`` only: the in-process modes have none), ``--ls-draft-model PATH``
+adds llama-server drafting with one (system ls-draft, cli/llama_server.py).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from .bench_concurrency import (
     run_concurrency,
 )
 from .bench_generate import MODES, _run, load_session_turns
-from .llama_server import llama_server_options
+from .llama_server import draft_model_options, llama_server_options
 
 
 @click.command("agent")
@@ -65,13 +68,15 @@ from .llama_server import llama_server_options
                    "--no-deterministic), and the certification's plain decoding runs in the "
                    "same mode [default: as serve's: $SUFFIXD_DETERMINISTIC, else off].")
 @llama_server_options
+@draft_model_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | None, n_ctx: int,
                 threads: int, modes: str, turns_limit: int, concurrency: str | None,
                 profiles: Path | None, repeat: int, certify: bool,
                 deterministic: bool | None, llama_server: str | None,
                 spec_types: str | None, ls_flash_attn: str, ls_plain: bool,
-                as_json: bool) -> None:
+                draft_model: Path | None, ls_draft_model: Path | None,
+                ls_draft_max: int | None, as_json: bool) -> None:
     """Replay WORKLOAD's sessions whole, turn by turn, as an agent sends them."""
     from ..daemon.generation.pipeline import deterministic_choice
     from ..daemon.model import resolve_model_path
@@ -80,6 +85,9 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
     levels = parse_levels(concurrency) if concurrency is not None else None
     if deterministic is not None and levels is None:
         raise click.BadParameter("only with --concurrency", param_hint="--deterministic")
+    if draft_model is not None and levels is None:
+        raise click.BadParameter("only with --concurrency (the in-process modes have no "
+                                 "draft model)", param_hint="--draft-model")
     # the daemons' mode, resolved here as serve resolves it, so that the certification's
     # plain decoding runs in the same mode (None: DETERMINISTIC_DEFAULT's fallback)
     mode = deterministic_choice(deterministic)
@@ -101,7 +109,9 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
         try:
             runs = [run_concurrency(workload, todo, levels, max_tokens, model, model_path,
                                     n_ctx, threads, llama_server, spec_types, ls_flash_attn,
-                                    ls_plain, profiles, certifier, mode)
+                                    ls_plain, profiles, certifier, mode,
+                                    draft_model=draft_model, ls_draft_model=ls_draft_model,
+                                    ls_draft_max=ls_draft_max)
                     for _ in range(repeat)]
         except RuntimeError as exc:  # the certification's deterministic mode did not hold
             raise click.ClickException(str(exc)) from None
@@ -117,7 +127,8 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
         if llama_server:
             servers = start_servers(llama_server, model_path, threads=threads, n_ctx=n_ctx,
                                     spec_types_wanted=spec_types, flash_attn=ls_flash_attn,
-                                    plain=ls_plain)
+                                    plain=ls_plain, draft_model=ls_draft_model,
+                                    draft_max=ls_draft_max)
         out = _run(workload, todo, max_tokens, model_path, n_ctx, threads, wanted, servers,
                    as_json)
     finally:

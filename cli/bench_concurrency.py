@@ -35,6 +35,7 @@ decoding then runs in that mode too) every turn identical.
 from __future__ import annotations
 
 import itertools
+import json
 import queue
 import shutil
 import tempfile
@@ -301,10 +302,15 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                     ls_flash_attn: str, ls_plain: bool,
                     profiles: Path | None = None,
                     certifier: TokenCertifier | None = None,
-                    deterministic: bool | None = None) -> dict[str, Any]:
+                    deterministic: bool | None = None, *,
+                    draft_model: Path | None = None, ls_draft_model: Path | None = None,
+                    ls_draft_max: int | None = None) -> dict[str, Any]:
     """Every level, every system, a fresh server each; the figures as one JSON object
     (with ``certifier``, suffixd's answers certified once the servers are stopped;
-    ``deterministic``: the daemons' mode, see the module docstring)."""
+    ``deterministic``: the daemons' mode, see the module docstring; ``draft_model``: the
+    daemons' ``--draft-model``, its policy's decisions reported per level;
+    ``ls_draft_model``: llama-server drafting with it too, "ls-draft", ``ls_draft_max``
+    its longest draft)."""
     import openai
 
     from ..daemon.generation.chat import ChatRenderer
@@ -346,7 +352,7 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
             data = tmp / f"n{n}" / "data"
             kept = reuse_profile(profiles, data, slots)
             daemon = start_daemon(data, model, threads, n_ctx, kv_slots=slots,
-                                  extra_args=mode_args)
+                                  extra_args=mode_args, draft_model=draft_model)
             target = daemon.target
             try:
                 wait_measured(daemon.proc, target)
@@ -373,13 +379,16 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                 flat = measure("suffixd", n, ask)
                 texts[n] = {(r.session, r.index): r.text for r in flat}
                 results["suffixd"][n]["batching"] = batching(target)
+                if draft_model is not None:
+                    results["suffixd"][n]["draft_model"] = draft_model_stats(target)
             finally:
                 daemon.stop(30)
             if not llama_server or n not in levels:
                 continue
             servers = start_servers(llama_server, model_path, threads=threads, n_ctx=n_ctx,
                                     spec_types_wanted=spec_types, flash_attn=ls_flash_attn,
-                                    plain=ls_plain, n_parallel=n)
+                                    plain=ls_plain, n_parallel=n,
+                                    draft_model=ls_draft_model, draft_max=ls_draft_max)
             try:
                 for name, srv in servers.items():
                     def complete(session: str, t: PlannedTurn, srv: Any = srv
@@ -399,12 +408,27 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
             "turns": sum(len(t) for _, t in plan), "skipped_turns": skipped, "n_ctx": n_ctx,
             "max_tokens": max_tokens, "threads": threads, "concurrency": levels,
             "deterministic": deterministic,
+            "draft_model": str(draft_model) if draft_model else None,
+            "ls_draft_model": str(ls_draft_model) if ls_draft_model else None,
             "results": {s: {str(n): v for n, v in r.items()} for s, r in results.items()},
             **ratios(results, levels), "greedy_same": greedy_same(texts, levels),
             "parted": partings(answers, levels),
             **({"certified": certified,
                 "certify_reference": "deterministic" if certifier and certifier.deterministic
                 else "default"} if certified is not None else {})}
+
+
+def draft_model_stats(target: str) -> dict[str, Any] | None:
+    """The daemon's draft model policy: its decisions (used, skipped, probes), tokens
+    drafted and accepted, acceptance, planned draft length (GeneratorStatus)."""
+    from ..client import Client
+
+    client = Client(target)
+    try:
+        text = client.generator_status().get("draft_model") or ""
+    finally:
+        client.close()
+    return json.loads(text) if text else None
 
 
 def daemon_mode_args(deterministic: bool | None) -> list[str]:
@@ -438,6 +462,18 @@ def report(out: dict[str, Any]) -> None:
                "--no-deterministic", None: "the default mode"}[mode]
                + "".join(f"; N={n} deterministic {'on' if v else 'off'}"
                          for n, v in on.items() if v is not None))
+    if out.get("draft_model") or out.get("ls_draft_model"):
+        click.echo(f"draft model: suffixd {out.get('draft_model') or 'none'}; llama-server "
+                   f"(ls-draft) {out.get('ls_draft_model') or 'none'}")
+    for n, r in out["results"].get("suffixd", {}).items():
+        d = r.get("draft_model")
+        if d and "used" in d:
+            click.echo(f"N={n}: suffixd's draft model used {d['used']:,} times, skipped "
+                       f"{d['skipped']:,}, {d['accepted']:,}/{d['drafted']:,} tokens accepted "
+                       f"(acceptance {d['acceptance']}, planned k {d['planned_k']}, costs "
+                       f"{d['costs']})")
+        elif d:
+            click.echo(f"N={n}: suffixd's draft model not drafting: {d.get('not_drafting')}")
     click.echo(f"{'system':<16} {'N':>3} {'agg tok/s':>10} {'wall s':>8} {'session s':>10} "
                f"{'turn s':>8} {'p95 s':>7} {'decode tok/s':>13} {'turns':>6}")
     for n in sorted({1, *out["concurrency"]}):

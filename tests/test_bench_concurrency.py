@@ -282,7 +282,7 @@ def _plumbed(monkeypatch, tmp_path, args: list[str]) -> tuple[object, dict, str]
         def __init__(self, *a, deterministic: bool = False) -> None:
             seen["certifier"] = deterministic
 
-    def run(*a):
+    def run(*a, **kw):
         seen["daemons"] = a[-1]
         seen["certifier_given"] = a[-2] is not None
         return {"concurrency": [1, 4], "suffixd_vs_ls_best": {}, "deterministic": a[-1]}
@@ -313,7 +313,7 @@ def test_deterministic_follows_serves_environment_variable(monkeypatch, tmp_path
 
     got = {}
 
-    def run(*a):
+    def run(*a, **kw):
         got["mode"] = a[-1]
         return {"concurrency": [1], "suffixd_vs_ls_best": {}}
 
@@ -363,3 +363,55 @@ def test_report_says_the_mode_and_where_turns_parted(capsys) -> None:
     assert "N=4: suffixd token ids parted from N=1's in 1 turns; a turn 1 at token 7 " \
         "(100 vs 200)\n" in shown
     assert "certification: plain decoding in deterministic mode\n" in shown
+
+
+def test_draft_models_reach_the_daemons_and_llama_server(monkeypatch, tmp_path) -> None:
+    import suffixd.cli.bench_agent as agent
+
+    got = {}
+
+    def run(*a, **kw):
+        got.update(kw)
+        return {"concurrency": [1], "suffixd_vs_ls_best": {}}
+
+    monkeypatch.setattr(agent, "run_concurrency", run)
+    q4 = tmp_path / "q4.gguf"
+    q4.write_bytes(b"")
+    result = CliRunner().invoke(main, ["bench", "agent", _workload(tmp_path), "--concurrency",
+                                       "1", "--no-certify", "--json", "--draft-model", str(q4),
+                                       "--ls-draft-model", str(q4), "--ls-draft-max", "4"])
+    assert result.exit_code == 0, result.output
+    assert got == {"draft_model": q4, "ls_draft_model": q4, "ls_draft_max": 4}
+    got.clear()
+    CliRunner().invoke(main, ["bench", "agent", _workload(tmp_path), "--concurrency", "1",
+                              "--no-certify", "--json"])
+    assert got == {"draft_model": None, "ls_draft_model": None, "ls_draft_max": None}
+
+
+def test_the_daemons_draft_model_needs_concurrency(tmp_path) -> None:
+    q4 = tmp_path / "q4.gguf"
+    q4.write_bytes(b"")
+    result = CliRunner().invoke(main, ["bench", "agent", _workload(tmp_path),
+                                       "--draft-model", str(q4)])
+    assert result.exit_code != 0 and "only with --concurrency" in result.output
+
+
+def test_report_shows_the_draft_models_decisions(capsys) -> None:
+    fields = ("agg_tok_s", "wall_s", "session_wall_s", "turn_s", "turn_p95_s",
+              "decode_tok_s", "turns")
+    stats = {"used": 120, "skipped": 3000, "probes": 4, "drafted": 480, "accepted": 300,
+             "acceptance": 0.62, "planned_k": 3, "costs": "measured"}
+    res = {"1": {**dict.fromkeys(fields, 1.0), "draft_model": stats},
+           "4": {**dict.fromkeys(fields, 1.0),
+                 "draft_model": {"not_drafting": "its costs are not measured yet"}}}
+    out = {"workload": "w.jsonl", "sessions": 1, "turns": 2, "skipped_turns": 0,
+           "n_ctx": 4096, "max_tokens": 64, "threads": 2, "concurrency": [1, 4],
+           "draft_model": "q4.gguf", "ls_draft_model": "q4.gguf",
+           "results": {"suffixd": res}, "ls_best": {}, "suffixd_vs_ls_best": {},
+           "suffixd_vs_n1": {}, "greedy_same": {}}
+    report(out)
+    shown = capsys.readouterr().out
+    assert "draft model: suffixd q4.gguf; llama-server (ls-draft) q4.gguf\n" in shown
+    assert "N=1: suffixd's draft model used 120 times, skipped 3,000, 300/480 tokens " \
+        "accepted (acceptance 0.62, planned k 3, costs measured)\n" in shown
+    assert "N=4: suffixd's draft model not drafting: its costs are not measured yet" in shown
