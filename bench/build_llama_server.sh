@@ -8,6 +8,8 @@
 #   bash bench/build_llama_server.sh [BUILD_DIR]     # default build/llama-server
 #   bash bench/build_llama_server.sh --targets "llama-server llama-quantize llama-bench" \
 #        [BUILD_DIR]                                 # or SUFFIXD_LLAMA_TARGETS="..."
+#   bash bench/build_llama_server.sh --avx2 build/llama-server-avx2
+#                       # kernels limited to AVX2, as bench/build_llama_cpp_avx2.sh's verifier
 #
 # Prints the path of each target's binary, one a line in the order given, on stdout (the
 # default, llama-server alone: its path on the last line); what it is doing goes to
@@ -16,11 +18,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets="${SUFFIXD_LLAMA_TARGETS:-llama-server}"
+kernels=(-DGGML_NATIVE=ON)
 while [ $# -gt 0 ]; do
   case "$1" in
     --targets) targets="$2"; shift 2 ;;
     --targets=*) targets="${1#--targets=}"; shift ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --avx2) kernels=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+                     -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF
+                     -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF
+                     -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF); shift ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) break ;;
   esac
 done
@@ -68,7 +75,7 @@ say "configuring llama.cpp (cmake) in $build_dir/build-$version"
 cmake -S "$src/vendor/llama.cpp" -B "$build_dir/build-$version" \
   -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
-  -DGGML_NATIVE=ON >&2
+  "${kernels[@]}" >&2
 say "building ${missing[*]} (minutes: -j ${CMAKE_BUILD_PARALLEL_LEVEL:-2})"
 cmake --build "$build_dir/build-$version" --target "${missing[@]}" \
   -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}" >&2
