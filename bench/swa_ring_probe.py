@@ -114,8 +114,11 @@ def main() -> int:
     plain = run("plain", lambda i, p: None)
     differ = 0
     for seed in range(args.seeds):
-        drafted = run(f"drafted-{seed}", lambda i, p, seed=seed: long_drafts(
-            plain[i][0], len(p), 100 * seed + i, args.longest_draft))
+        def drafts_for(i: int, p: list[int], seed: int = seed
+                       ) -> Callable[[list[int], int], list[int]]:
+            return long_drafts(plain[i][0], len(p), 100 * seed + i, args.longest_draft)
+
+        drafted = run(f"drafted-{seed}", drafts_for)
         for i, ((pt, ptop), (dt, dtop)) in enumerate(zip(plain, drafted, strict=True)):
             at = next((j for j, (a, b) in enumerate(zip(ptop, dtop, strict=False)) if a != b),
                       None)
