@@ -26,10 +26,8 @@ rm -rf "$target"
 say "building llama-cpp-python $version with AVX2 kernels into $target (minutes)"
 # --no-cache-dir: pip's wheel cache is keyed by the sdist, not by CMAKE_ARGS, and would hand
 # back the native build. The multimodal library (LLAVA_BUILD) is not used by suffixd.
-CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
--DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF \
--DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
--DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF" \
+. bench/avx2_kernels.sh
+CMAKE_ARGS="${AVX2_KERNELS[*]} -DLLAVA_BUILD=OFF" \
   "$python" -m pip install --disable-pip-version-check --no-cache-dir --no-deps \
   --target "$target" "llama-cpp-python==$version" >&2
 features="$(PYTHONPATH="$target" "$python" -c \

@@ -25,17 +25,11 @@ from typing import Any
 
 def measure(swa_full: bool, contexts: list[int], tokens: int, rounds: int,
             threads: int) -> dict[str, Any]:
-    from llama_cpp import _internals
     from suffixd.daemon.generation.verifier import GenerateParams, Verifier
     from suffixd.daemon.model import embedded_model_path
+    from swa_ring_probe import force_swa_full
 
-    original = _internals.LlamaContext.__init__
-
-    def init(self: Any, *args: Any, params: Any, **kw: Any) -> None:
-        params.swa_full = swa_full
-        original(self, *args, params=params, **kw)
-
-    _internals.LlamaContext.__init__ = init  # type: ignore[method-assign]
+    force_swa_full(swa_full)
     v = Verifier(embedded_model_path(), n_ctx=max(contexts) + tokens + 64, n_slots=1,
                  n_threads=threads, deterministic=True)
     out: dict[str, Any] = {"swa_full": swa_full, "by_context": {}}

@@ -34,15 +34,15 @@ from typing import Any
 WORKLOAD = Path(__file__).resolve().parents[1].parent / "shared/data/workloads/spider_dev.jsonl"
 
 
-def force_swa_full() -> None:
+def force_swa_full(on: bool = True) -> None:
     """Every llama.cpp context this process creates keeps its sliding-window layers'
-    whole context (the experiment; the verifier sets ``swa_full`` off)."""
+    whole context (``on``) or their ring, whatever the verifier asks for."""
     from llama_cpp import _internals
 
     original = _internals.LlamaContext.__init__
 
     def init(self: Any, *args: Any, params: Any, **kw: Any) -> None:
-        params.swa_full = True
+        params.swa_full = on
         original(self, *args, params=params, **kw)
 
     _internals.LlamaContext.__init__ = init  # type: ignore[method-assign]

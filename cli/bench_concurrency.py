@@ -48,6 +48,8 @@ from typing import Any, TypeVar
 
 import click
 
+from suffixcache import common_prefix_length
+
 from ..daemon.generation.cost_store import FILE_NAME
 from .bench_certify import TokenCertifier
 from .bench_generate import fits_side_by_side, p95
@@ -254,8 +256,7 @@ def partings(answers: dict[int, dict[tuple[str, int], list[int]]], levels: Seque
             a, b = ref[key], got[key]
             if a == b:
                 continue
-            at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                      min(len(a), len(b)))
+            at = common_prefix_length(a, b)
             parted.append([key[0], key[1], at, a[at] if at < len(a) else None,
                            b[at] if at < len(b) else None])
         out[str(n)] = parted

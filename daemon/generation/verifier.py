@@ -144,8 +144,9 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         # that had wrapped to the ring's start moves llama.cpp's search head there, so the
         # next positions land in other cells than plain decoding's, and attention sums
         # over cells in cell order: logits up to ~0.4 apart (bench/swa_ring_probe.py:
-        # 3 of 24 drafted spider_dev turns with the ring, 0 of 24 without). The cost is
-        # memory: every layer's KV for the whole context, as the full-attention ones.
+        # 3 of 24 drafted spider_dev turns with the ring, 0 of 24 without). The cost:
+        # every layer's KV for the whole context, as the full-attention ones, and
+        # attention over all of it (a decoded token 1.86x dearer at 8k tokens, BENCHMARKS).
         cparams.swa_full = deterministic
         # No flash attention: llama.cpp's CPU kernel for batches of under 64 rows (0.3.36)
         # can leave a wrong K/V row in the cache (a 32-token batch ending at position 4194
