@@ -13,8 +13,21 @@ from suffixcache.cost import CostProfile
 from suffixcache.drafter import Draft, DraftConfig
 from suffixcache.replay import DraftSource, Message, Session, SuffixSource, replay
 
+from ..benchkit.errors import BenchError
 
-@click.group()
+
+class _BenchGroup(click.Group):
+    """``suffixd bench``: a subcommand's ``BenchError`` (the benchmark library's) is the
+    command's one ``Error:`` line, as a ``click.ClickException`` is."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except BenchError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=_BenchGroup)
 def bench() -> None:
     """Benchmarks: replay recorded agent traces, measure generation."""
 

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 import grimp
 import pytest
 
-PACKAGES = ("suffixd.daemon", "suffixd.client", "suffixd.cli", "suffixcache")
+PACKAGES = ("suffixd.daemon", "suffixd.client", "suffixd.cli", "suffixd.benchkit",
+            "suffixcache")
 
 # The daemon's parts, top to bottom. A part imports only parts of lower layers (the
 # parts of one layer are independent of each other).
@@ -26,21 +27,25 @@ DAEMON_LAYERS: list[set[str]] = [
     {"common"},
 ]
 
-# The repository's layers: cli -> client | daemon -> suffixcache (and the generated
-# suffixd.v1 messages, which import nothing of ours).
+# The repository's layers: cli -> benchkit -> client | daemon -> suffixcache (and the
+# generated suffixd.v1 messages, which import nothing of ours). The benchmark library
+# (benchkit) is what `suffixd bench` is a thin command line over.
 TOP_LAYERS: list[set[str]] = [
     {"suffixd.cli"},
+    {"suffixd.benchkit"},
     {"suffixd.client", "suffixd.daemon"},
     {"suffixcache"},
 ]
 
 # What a part must not import directly: the engine and the library know nothing of gRPC,
-# HTTP or llama.cpp (the engine is handed its tokenizer's module through ``model``).
+# HTTP or llama.cpp (the engine is handed its tokenizer's module through ``model``); the
+# benchmark library knows nothing of the command line's click.
 FORBIDDEN_EXTERNAL = {
     "suffixcache": {"grpc", "llama_cpp", "starlette", "uvicorn", "redis"},
     "suffixd.daemon.engine": {"grpc", "llama_cpp", "starlette", "uvicorn"},
     "suffixd.daemon.common": {"grpc", "llama_cpp", "starlette", "uvicorn", "redis"},
     "suffixd.cli.corpus": {"grpc", "llama_cpp", "starlette", "uvicorn", "redis"},
+    "suffixd.benchkit": {"click"},
 }
 
 
