@@ -78,9 +78,9 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
                 draft_model: Path | None, ls_draft_model: Path | None,
                 ls_draft_max: int | None, as_json: bool) -> None:
     """Replay WORKLOAD's sessions whole, turn by turn, as an agent sends them."""
+    from ..benchkit.llama_server import start_servers
     from ..daemon.generation.pipeline import deterministic_choice
     from ..daemon.model import resolve_model_path
-    from .llama_server import start_servers
 
     levels = parse_levels(concurrency) if concurrency is not None else None
     if deterministic is not None and levels is None:

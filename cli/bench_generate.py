@@ -38,7 +38,8 @@ from typing import Any
 
 import click
 
-from .llama_server import llama_server_options, plain_of
+from ..benchkit.llama_server import plain_of
+from .llama_server import llama_server_options
 
 MODES = ("plain", "suffixd", "pld")
 
@@ -152,7 +153,7 @@ def generate_bench(
         raise click.BadParameter(
             f"--modes: a subset of {MODES} including plain", param_hint="--modes"
         )
-    from .llama_server import BusyLoad, LlamaServer, start_servers
+    from ..benchkit.llama_server import BusyLoad, LlamaServer, start_servers
 
     model_path = resolve_model_path(model)
     servers: dict[str, LlamaServer] = {}

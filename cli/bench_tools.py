@@ -280,8 +280,8 @@ class _ToolsRun:
         costs are measured."""
         import openai
 
+        from ..benchkit.llama_server import start_servers
         from .bench_http import start_daemon, wait_measured
-        from .llama_server import start_servers
 
         if llama_server:
             kw: dict[str, Any] = {"threads": self.threads, "n_ctx": self.n_ctx,

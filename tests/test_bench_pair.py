@@ -180,7 +180,7 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 
 
 def test_llama_server_drafts_with_a_draft_model_as_ls_draft(tmp_path: Path) -> None:
-    from suffixd.cli.llama_server import DRAFT_SPEC_TYPE, draft_server_args, start_servers
+    from suffixd.benchkit.llama_server import DRAFT_SPEC_TYPE, draft_server_args, start_servers
 
     binary = tmp_path / "llama-server"
     binary.write_text(f"#!{sys.executable}\n{_FAKE_SERVER}")
@@ -211,7 +211,7 @@ def test_llama_server_drafts_with_a_draft_model_as_ls_draft(tmp_path: Path) -> N
 
 
 def test_llama_server_without_a_draft_model_is_as_before(tmp_path: Path) -> None:
-    from suffixd.cli import llama_server
+    from suffixd.benchkit import llama_server
 
     started: list[dict[str, Any]] = []
 
