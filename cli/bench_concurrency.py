@@ -314,10 +314,10 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
     its longest draft)."""
     import openai
 
+    from ..benchkit.daemons import start_daemon, wait_measured
     from ..benchkit.llama_server import start_servers
     from ..daemon.generation.chat import ChatRenderer
     from ..daemon.generation.verifier import Verifier
-    from .bench_http import start_daemon, wait_measured
 
     # this process renders what the daemon renders, for llama-server (no decoding here)
     renderer_v = Verifier(model_path, n_ctx=256, n_slots=1, n_threads=1)

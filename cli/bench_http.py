@@ -22,53 +22,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
-from ..client.launch import LaunchError, LocalDaemon
+from ..benchkit.daemons import start_daemon, wait_measured
 from .bench_generate import load_session_turns
 
 # openai is a benchmark dependency, imported where it runs. Messages read from a workload
 # file go to it cast to its message types: the daemon checks them, not this process.
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
-
-
-def start_daemon(data_dir: Path, model: str | None, threads: int,
-                 ctx_size: int, kv_slots: int | None = None,
-                 extra_args: list[str] | None = None,
-                 draft_model: str | Path | None = None) -> LocalDaemon:
-    """``serve --http`` on a free loopback port (``kv_slots``: its ``--kv-slots``, or its
-    default; ``draft_model``: its ``--draft-model``), the model loaded at start-up, once
-    announced (``.target``: gRPC, ``.http``: the OpenAI base URL); its log is
-    ``daemon.log`` beside ``data_dir``."""
-    args = ["--http", "127.0.0.1:0", "--model-load", "startup", "--threads", str(threads),
-            "--ctx-size", str(ctx_size)]
-    if kv_slots is not None:
-        args += ["--kv-slots", str(kv_slots)]
-    if model:
-        args += ["--model", model]
-    if draft_model is not None:
-        args += ["--draft-model", str(draft_model)]
-    args += extra_args or []
-    daemon = LocalDaemon(data_dir, args, log_path=data_dir.parent / "daemon.log")
-    try:
-        return daemon.start(timeout=120)
-    except LaunchError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def wait_measured(proc: Any, target: str) -> None:
-    """Until the daemon's model is loaded and its costs measured (or stored): a
-    measurement running beside a benchmark would slow both."""
-    from ..client import Client
-
-    client = Client(target)
-    try:
-        client.wait_ready()
-        while client.generator_status()["cost_profile_source"] in ("", "measuring"):
-            if proc.poll() is not None:
-                raise click.ClickException(f"the daemon exited ({proc.returncode})")
-            time.sleep(0.5)
-    finally:
-        client.close()
 
 
 @click.command("http")

@@ -56,10 +56,10 @@ def run_prefix(workload: Path, sessions: int, model: str | None, model_path: Pat
                prompt_cache_mb: int | None, system: str | None = None) -> dict[str, Any]:
     import openai
 
+    from ..benchkit.daemons import start_daemon, wait_measured
     from ..benchkit.llama_server import LlamaServer
     from ..daemon.generation.chat import ChatRenderer
     from ..daemon.generation.verifier import Verifier
-    from .bench_http import start_daemon, wait_measured
 
     todo = [(s, with_system(m, system))
             for s, m in first_turns(load_session_turns(workload, sessions), 1)]

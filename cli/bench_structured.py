@@ -75,12 +75,12 @@ def structured_bench(max_tokens: int, model: str | None, threads: int, as_json: 
     """Greedy response_format answers: suffixd's endpoint against llama-server's own grammar."""
     import openai
 
+    from ..benchkit.daemons import start_daemon, wait_measured
     from ..benchkit.llama_server import LlamaServer
     from ..daemon.generation.certify import NEAR_TIE_GAP
     from ..daemon.generation.chat import ChatRenderer
     from ..daemon.generation.verifier import Verifier
     from ..daemon.model import resolve_model_path
-    from .bench_http import start_daemon, wait_measured
 
     if not llama_server:
         raise click.UsageError("--llama-server PATH is required (bench/build_llama_server.sh)")

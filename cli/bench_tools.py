@@ -280,8 +280,8 @@ class _ToolsRun:
         costs are measured."""
         import openai
 
+        from ..benchkit.daemons import start_daemon, wait_measured
         from ..benchkit.llama_server import start_servers
-        from .bench_http import start_daemon, wait_measured
 
         if llama_server:
             kw: dict[str, Any] = {"threads": self.threads, "n_ctx": self.n_ctx,

@@ -3,7 +3,7 @@ and llama-server: nothing is built, downloaded or run on a model.
 
 bench/build_llama_server.sh's --targets, bench/make_quant_pair.py's idempotence,
 bench/pair_regime.py's arithmetic, llama-server drafting with a draft model (ls-draft) and
-the daemons' --draft-model (cli/llama_server.py, cli/bench_http.py)."""
+the daemons' --draft-model (benchkit/llama_server.py, benchkit/daemons.py)."""
 
 from __future__ import annotations
 
@@ -236,7 +236,7 @@ def test_llama_server_without_a_draft_model_is_as_before(tmp_path: Path) -> None
 
 def test_the_daemons_get_the_draft_model(monkeypatch: pytest.MonkeyPatch,
                                          tmp_path: Path) -> None:
-    from suffixd.cli import bench_http
+    from suffixd.benchkit import daemons as bench_http
 
     seen: list[list[str]] = []
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from suffixd.cli.bench_http import wait_measured
+from suffixd.benchkit.daemons import wait_measured
 from suffixd.client import Client
 from suffixd.client.launch import LaunchError, LocalDaemon
 
