@@ -222,7 +222,7 @@ class _EngineSource:
 
 
 def bench_replay(workloads: list[str], nodes: int) -> None:
-    from suffixd.cli.bench import tokenized_workload
+    from suffixd.benchkit.workloads import tokenized_workload
     from suffixd.daemon.common.config import CacheConfig
     from suffixd.daemon.engine import Engine
     from suffixd.daemon.fleet.config import FleetConfig

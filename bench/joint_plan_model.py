@@ -383,7 +383,7 @@ def _per_workload(ap: argparse.ArgumentParser, text: str, n: int,
 
 
 def main(argv: list[str] | None = None) -> None:
-    from suffixd.cli.bench import tokenized_workload
+    from suffixd.benchkit.workloads import tokenized_workload
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workloads", type=Path, nargs="*", default=[

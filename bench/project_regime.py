@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from suffixd.cli.bench import tokenized_workload
+from suffixd.benchkit.workloads import tokenized_workload
 from suffixd.daemon.generation.draft_model import AdaptiveDrafter
 
 from suffixcache import CostProfile

@@ -29,7 +29,7 @@ class _ScaledRateDrafter(Drafter):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from suffixd.cli.bench import tokenized_workload
+    from suffixd.benchkit.workloads import tokenized_workload
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workload", type=Path)

@@ -77,7 +77,7 @@ def main() -> int:
         force_swa_full()
 
     import llama_cpp
-    from suffixd.cli.bench_generate import load_session_turns
+    from suffixd.benchkit.workloads import load_session_turns
     from suffixd.daemon.generation.chat import ChatRenderer
     from suffixd.daemon.generation.verifier import GenerateParams, Verifier
     from suffixd.daemon.model import embedded_model_path

@@ -37,7 +37,7 @@ from typing import Any
 
 
 def record(args: argparse.Namespace) -> None:
-    from suffixd.cli.bench_generate import fits_side_by_side, load_turns
+    from suffixd.benchkit.workloads import fits_side_by_side, load_turns
     from suffixd.daemon.generation.chat import ChatRenderer
     from suffixd.daemon.generation.verifier import GenerateParams, Verifier
     from suffixd.daemon.model import resolve_model_path
@@ -151,7 +151,7 @@ def _replay(turns: list[dict[str, Any]], profile: Any, policy: str,
     ``informed`` of them replaced by the candidates' fates."""
     import numpy as np
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-    from suffixd.cli.bench_generate import feed_prompt
+    from suffixd.benchkit.generate import feed_prompt
 
     from suffixcache import CostProfile, Drafter, SuffixCache, common_prefix_length
     from suffixcache.drafter import _judged

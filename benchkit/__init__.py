@@ -1,5 +1,11 @@
 """The benchmark library behind `suffixd bench` and the scripts in bench/, with no click in
 it (cli/bench*.py are the command line over it; tests/test_import_layers.py keeps it so):
 
+* ``workloads``: workload files read and tokenized, an agent's turns, what fits a context;
+* ``generate``: end-to-end generation through the real model, every mode turn by turn
+  (plain, suffixd, prompt lookup, llama-server), its figures and verdicts;
+* ``agent``: whole agent sessions in this process, over ``generate``;
+* ``llama_server``: llama-server as the reference (start, ask, stop; a busy machine);
+* ``daemons``: a suffixd daemon for a benchmark (started, its costs measured);
 * ``errors``: ``BenchError``, why a benchmark cannot run, which the command line prints.
 """

@@ -1,4 +1,5 @@
-"""`suffixd bench generate`: end-to-end generation through the real model.
+"""End-to-end generation through the real model (`suffixd bench generate`, and the
+in-process modes of `suffixd bench agent`): the runner, its figures and its text table.
 
 Replays a workload's assistant turns (prompt = every earlier message of the
 session, rendered with the model's chat template) three ways in one run, turn
@@ -30,62 +31,22 @@ busy processes beside the whole run.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import click
-
-from ..benchkit.llama_server import plain_of
-from .llama_server import llama_server_options
+from .errors import BenchError
+from .llama_server import plain_of
+from .workloads import fits_side_by_side, load_turns
 
 MODES = ("plain", "suffixd", "pld")
-
-
-def load_session_turns(path: Path, sessions: int) -> list[tuple[str, list[dict[str, str]]]]:
-    """Every assistant turn of the first ``sessions`` sessions, in order: (session, the
-    messages before the turn), as an agent sends them (recorded history)."""
-    turns: list[tuple[str, list[dict[str, str]]]] = []
-    with path.open() as f:
-        for n, line in enumerate(f):
-            if n >= sessions:
-                break
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            msgs = rec["messages"]
-            turns += [(str(rec["session"]), msgs[:i]) for i, m in enumerate(msgs)
-                      if m["role"] == "assistant"]
-    return turns
-
-
-def load_turns(path: Path, limit: int) -> list[tuple[str, list[dict[str, str]]]]:
-    turns: list[tuple[str, list[dict[str, str]]]] = []
-    with path.open() as f:
-        for line in f:
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            msgs = rec["messages"]
-            for i, m in enumerate(msgs):
-                if m["role"] == "assistant":
-                    turns.append((str(rec["session"]), msgs[:i]))
-                    if len(turns) >= limit:
-                        return turns
-    return turns
 
 
 def p95(xs: Sequence[float]) -> float:
     """The 95th percentile as every bench reports it (nearest rank below); 0 for none."""
     lat = sorted(xs)
     return lat[int(0.95 * (len(lat) - 1))] if lat else 0.0
-
-
-def fits_side_by_side(prompt_len: int, max_tokens: int, n_ctx: int) -> bool:
-    """Whether a turn fits a session's context (each mode keeps its own KV slot)."""
-    return prompt_len + max_tokens + 64 <= n_ctx
 
 
 def feed_prompt(
@@ -117,45 +78,16 @@ def replays_both(
     return False
 
 
-@click.command("generate")
-@click.argument("workload", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--turns", default=200, show_default=True, help="Assistant turns to replay.")
-@click.option("--max-tokens", default=64, show_default=True, help="Tokens generated per turn.")
-@click.option("--model", default=None, help="GGUF path (default: the embedded model).")
-@click.option("--n-ctx", default=12288, show_default=True)
-@click.option("--threads", default=2, show_default=True, envvar="SUFFIXD_THREADS",
-              show_envvar=True)
-@click.option("--modes", default=",".join(MODES), show_default=True)
-@click.option("--load", "load", default=0, show_default=True,
-              help="Busy processes to run beside the benchmark (a loaded machine).")
-@llama_server_options
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def generate_bench(
-    workload: Path,
-    turns: int,
-    max_tokens: int,
-    model: str | None,
-    n_ctx: int,
-    threads: int,
-    modes: str,
-    llama_server: str | None,
-    spec_types: str | None,
-    load: int,
-    ls_flash_attn: str,
-    ls_plain: bool,
-    as_json: bool,
-) -> None:
-    """Replay WORKLOAD's prompts through the real model: plain, suffixd and prompt lookup."""
-    from ..daemon.model import resolve_model_path
+def run_generate(
+    workload: Path, turns: int, max_tokens: int, model_path: Path, n_ctx: int, threads: int,
+    wanted: list[str], *, llama_server: str | None = None, spec_types: str | None = None,
+    ls_flash_attn: str = "auto", ls_plain: bool = True, load: int = 0, progress: bool = True,
+) -> tuple[dict[str, Any], list[str]]:
+    """WORKLOAD's first ``turns`` assistant turns through the modes ``wanted`` (and with
+    ``llama_server`` its systems, ``start_servers``; ``load`` busy processes beside):
+    the figures, and the llama-server systems' names in the order they ran."""
+    from .llama_server import BusyLoad, LlamaServer, start_servers
 
-    wanted = [m.strip() for m in modes.split(",") if m.strip()]
-    if not wanted or any(m not in MODES for m in wanted) or "plain" not in wanted:
-        raise click.BadParameter(
-            f"--modes: a subset of {MODES} including plain", param_hint="--modes"
-        )
-    from ..benchkit.llama_server import BusyLoad, LlamaServer, start_servers
-
-    model_path = resolve_model_path(model)
     servers: dict[str, LlamaServer] = {}
     if llama_server:
         servers = start_servers(llama_server, model_path, threads=threads, n_ctx=n_ctx,
@@ -165,31 +97,29 @@ def generate_bench(
     try:
         todo = load_turns(workload, turns)
         if not todo:
-            raise click.ClickException(f"{workload}: no assistant turns")
-        out = _run(workload, todo, max_tokens, model_path, n_ctx, threads, wanted, servers,
-                   as_json)
+            raise BenchError(f"{workload}: no assistant turns")
+        out = run_turns(workload, todo, max_tokens, model_path, n_ctx, threads, wanted,
+                        servers, progress)
     finally:
         for srv in servers.values():
             srv.close()
         if busy is not None:
             busy.close()
     out["load_processes"] = load
-    if as_json:
-        click.echo(json.dumps(out))
-        return
-    _print(out, wanted, list(servers))
+    return out, list(servers)
 
 
-def _run(
+def run_turns(
     workload: Path, todo: list[tuple[str, list[dict[str, str]]]], max_tokens: int,
     model_path: Path, n_ctx: int, threads: int, wanted: list[str], servers: dict[str, Any],
-    as_json: bool,
+    progress: bool = True,
 ) -> dict[str, Any]:
-    """Replays ``todo``'s turns through every mode, turn by turn; the figures as a dict."""
+    """Replays ``todo``'s turns through every mode, turn by turn; the figures as a dict
+    (``progress``: a bar of the turns on stderr)."""
     from tqdm import tqdm
 
     replay = _Replay(model_path, n_ctx, threads, max_tokens, wanted, servers)
-    for session, msgs in tqdm(todo, desc="turns", disable=as_json, file=sys.stderr):
+    for session, msgs in tqdm(todo, desc="turns", disable=not progress, file=sys.stderr):
         replay.turn(session, msgs)
     out = replay.figures(workload, todo)
     replay.verifier.close()
@@ -219,7 +149,7 @@ def _ls_reference(m: str) -> str:
 
 
 class _Replay:
-    """One ``_run``: the verifier, the cache and drafter it feeds and the tallies, which
+    """One ``run_turns``: the verifier, the cache and drafter it feeds and the tallies, which
     live across turns (a session's trees and KV slots carry from one turn to the next).
     ``turn`` replays one turn in every mode; ``figures`` reports them all."""
 
@@ -545,16 +475,15 @@ class _Replay:
         }
 
 
-def _print(out: dict[str, Any], wanted: list[str], servers: list[str]) -> None:
-    click.echo(f"{out['workload']}: {out['turns']} turns, {out['max_tokens']} tokens max, "
-               f"{out['threads']} threads, {out['load_processes']} busy processes beside")
-    click.echo(f"cost profile (k: cost relative to 1): {out['cost_profile']}")
-    click.echo(
-        f"{'mode':<16} {'tok/s':>8} {'accept':>7} {'prompt tok/s':>13} {'turn s':>8} "
-        f"{'p95 s':>7}"
-    )
+def generate_lines(out: dict[str, Any], wanted: list[str], servers: list[str]) -> list[str]:
+    """``run_generate``'s figures as the text table (``servers``: its systems' names)."""
+    lines = [f"{out['workload']}: {out['turns']} turns, {out['max_tokens']} tokens max, "
+             f"{out['threads']} threads, {out['load_processes']} busy processes beside",
+             f"cost profile (k: cost relative to 1): {out['cost_profile']}",
+             f"{'mode':<16} {'tok/s':>8} {'accept':>7} {'prompt tok/s':>13} {'turn s':>8} "
+             f"{'p95 s':>7}"]
     for m in [*wanted, *servers]:
-        click.echo(
+        lines.append(
             f"{m:<16} {out[f'{m}_tok_s']:>8.2f} {out.get(f'{m}_accept_rate', 0.0):>7.3f} "
             f"{out[f'{m}_prompt_tok_s']:>13.1f} {out[f'{m}_turn_latency_s']:>8.3f} "
             f"{out[f'{m}_turn_p95_s']:>7.3f}"
@@ -563,11 +492,12 @@ def _print(out: dict[str, Any], wanted: list[str], servers: list[str]) -> None:
               "suffixd_plain_vs_ls_plain", "suffixd_plain_vs_ls_plain_fa_off", "suffixd_vs_ls_best",
               "suffixd_turn_latency_vs_ls_best"):
         if k in out:
-            click.echo(f"{k}: {out[k]:.3f}")
+            lines.append(f"{k}: {out[k]:.3f}")
     if servers:
-        click.echo(f"llama-server's best: {out['llama_server_best']}; its modes' outputs equal "
-                   "to its plain output: " + ", ".join(
-                       f"{m} {out[f'{m}_same_output_as_ls_plain']}/{out['turns']}"
-                       for m in servers if f"{m}_same_output_as_ls_plain" in out))
-    click.echo(f"greedy equivalence (suffixd vs its plain): {out['verdicts']}  "
-               f"identical_outputs={out['identical_outputs']}")
+        lines.append(f"llama-server's best: {out['llama_server_best']}; its modes' outputs "
+                     "equal to its plain output: " + ", ".join(
+                         f"{m} {out[f'{m}_same_output_as_ls_plain']}/{out['turns']}"
+                         for m in servers if f"{m}_same_output_as_ls_plain" in out))
+    lines.append(f"greedy equivalence (suffixd vs its plain): {out['verdicts']}  "
+                 f"identical_outputs={out['identical_outputs']}")
+    return lines

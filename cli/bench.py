@@ -11,9 +11,10 @@ import click
 
 from suffixcache.cost import CostProfile
 from suffixcache.drafter import Draft, DraftConfig
-from suffixcache.replay import DraftSource, Message, Session, SuffixSource, replay
+from suffixcache.replay import DraftSource, SuffixSource, replay
 
 from ..benchkit.errors import BenchError
+from ..benchkit.workloads import tokenized_workload
 
 
 class _BenchGroup(click.Group):
@@ -32,35 +33,6 @@ def bench() -> None:
     """Benchmarks: replay recorded agent traces, measure generation."""
 
 
-def load_workload(path: Path, tokenizer: object, limit_sessions: int | None) -> list[Session]:
-    """Reads a session-shaped JSONL workload and tokenizes it as the replay protocol says."""
-    tokenize = tokenizer.tokenize  # type: ignore[attr-defined]
-    headers: dict[str, list[int]] = {}
-    sessions: list[Session] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                raw_messages = obj["messages"]
-                name = str(obj.get("session", f"line{lineno}"))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise click.ClickException(
-                    f"{path}:{lineno}: not a workload session ({exc})"
-                ) from None
-            messages = []
-            for m in raw_messages:
-                role, content = str(m.get("role", "")), str(m.get("content", ""))
-                if role not in headers:
-                    headers[role] = tokenize("<" + role + ">\n")
-                messages.append(Message(role, headers[role], tokenize(content)))
-            sessions.append(Session(name, messages))
-            if limit_sessions is not None and len(sessions) >= limit_sessions:
-                break
-    return sessions
-
-
 def workload_args(command: Callable[..., None]) -> Callable[..., None]:
     """WORKLOAD and --tokenizer, shared by the commands that replay a workload."""
     command = click.option(
@@ -73,18 +45,6 @@ def workload_args(command: Callable[..., None]) -> Callable[..., None]:
     return click.argument(
         "workload", type=click.Path(exists=True, dir_okay=False, path_type=Path)
     )(command)
-
-
-def tokenized_workload(
-    workload: Path, tokenizer_path: Path | None, limit_sessions: int | None
-) -> list[Session]:
-    from suffixd.daemon.model import Tokenizer, resolve_model_path
-
-    try:
-        tokenizer = Tokenizer(resolve_model_path(tokenizer_path))
-    except (FileNotFoundError, ValueError, RuntimeError) as exc:
-        raise click.ClickException(f"cannot load the tokenizer: {exc}") from None
-    return load_workload(workload, tokenizer, limit_sessions)
 
 
 class PromptLookupSource:

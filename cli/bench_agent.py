@@ -1,43 +1,32 @@
-"""`suffixd bench agent`: whole agent sessions at their real length.
+"""`suffixd bench agent`: its options over benchkit/agent.py (whole agent sessions at their
+real length, in this process) and, with ``--concurrency N1,N2``, over
+cli/bench_concurrency.py (N sessions at a time through the OpenAI endpoint, side by side
+with llama-server ``-np N``; ``--certify`` judges the answers with cli/bench_certify.py).
 
-Each session is replayed as an agent runs it: every turn sends the whole conversation
-so far (the recorded messages, as the replay protocol has it: the next turn's history
-holds the recorded assistant message, not the model's output), generates up to
-``--max-tokens``, and every turn of the chosen sessions is replayed, none skipped. The
-verifier's context is the model's trained length unless ``--n-ctx`` says otherwise; a
-turn that cannot fit is counted and reported, never silently dropped.
-
-The same rotation as ``bench generate`` (suffixd plain, suffixd, and with
-``--llama-server`` llama-server plain and its n-gram types, prompt cache on), turn by
-turn; reported per system: session wall time, mean and p95 whole-turn latency, prompt
-tokens actually evaluated (what KV reuse left to compute), decode tok/s.
-
-With ``--concurrency N1,N2`` the sessions run N at a time through the OpenAI endpoint
-instead, side by side with llama-server ``-np N`` (cli/bench_concurrency.py);
 ``--deterministic`` runs every daemon in deterministic mode and certifies against plain
 decoding in that mode (the same request must then get the same tokens at every N).
 ``--draft-model PATH`` gives the daemons a fallback draft model (``serve --draft-model``;
 with ``--concurrency`` only: the in-process modes have none), ``--ls-draft-model PATH``
-adds llama-server drafting with one (system ls-draft, cli/llama_server.py).
+adds llama-server drafting with one (system ls-draft, benchkit/llama_server.py).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import click
 
+from ..benchkit.agent import agent_lines, run_agent
+from ..benchkit.generate import MODES
+from ..benchkit.workloads import first_turns, load_session_turns
 from .bench_certify import TokenCertifier
 from .bench_concurrency import (
-    first_turns,
     parse_levels,
     repeat_summary,
     report,
     run_concurrency,
 )
-from .bench_generate import MODES, _run, load_session_turns
 from .llama_server import draft_model_options, llama_server_options
 
 
@@ -78,7 +67,6 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
                 draft_model: Path | None, ls_draft_model: Path | None,
                 ls_draft_max: int | None, as_json: bool) -> None:
     """Replay WORKLOAD's sessions whole, turn by turn, as an agent sends them."""
-    from ..benchkit.llama_server import start_servers
     from ..daemon.generation.pipeline import deterministic_choice
     from ..daemon.model import resolve_model_path
 
@@ -122,31 +110,13 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
         else:
             report(c_out)
         return
-    servers: dict[str, Any] = {}
-    try:
-        if llama_server:
-            servers = start_servers(llama_server, model_path, threads=threads, n_ctx=n_ctx,
-                                    spec_types_wanted=spec_types, flash_attn=ls_flash_attn,
-                                    plain=ls_plain, draft_model=ls_draft_model,
-                                    draft_max=ls_draft_max)
-        out = _run(workload, todo, max_tokens, model_path, n_ctx, threads, wanted, servers,
-                   as_json)
-    finally:
-        for srv in servers.values():
-            srv.close()
+    out, servers = run_agent(workload, todo, max_tokens, model_path, n_ctx, threads, wanted,
+                             llama_server=llama_server, spec_types=spec_types,
+                             ls_flash_attn=ls_flash_attn, ls_plain=ls_plain,
+                             ls_draft_model=ls_draft_model, ls_draft_max=ls_draft_max,
+                             progress=not as_json)
     if as_json:
         click.echo(json.dumps(out))
         return
-    click.echo(f"{workload.name}: {out['sessions']} sessions, {out['turns']} turns "
-               f"({out['skipped_turns']} do not fit {out['n_ctx']} tokens), "
-               f"{max_tokens} tokens max, {threads} threads")
-    click.echo(f"{'system':<16} {'session s':>10} {'turn s':>8} {'p95 s':>7} "
-               f"{'prompt evaluated':>17} {'decode tok/s':>13}")
-    for m in [*wanted, *servers]:
-        click.echo(f"{m:<16} {out[f'{m}_session_wall_s']:>10.2f} "
-                   f"{out[f'{m}_turn_latency_s']:>8.3f} {out[f'{m}_turn_p95_s']:>7.3f} "
-                   f"{out[f'{m}_prompt_tokens_evaluated']:>17,} {out[f'{m}_tok_s']:>13.2f}")
-    for k in ("speedup_vs_plain", "suffixd_vs_ls_best", "suffixd_session_wall_vs_ls_fastest"):
-        if k in out:
-            click.echo(f"{k}: {out[k]:.3f}")
-    click.echo(f"greedy equivalence (suffixd vs its plain): {out['verdicts']}")
+    for line in agent_lines(out, workload, max_tokens, threads, [*wanted, *servers]):
+        click.echo(line)

@@ -50,9 +50,10 @@ import click
 
 from suffixcache import common_prefix_length
 
+from ..benchkit.generate import p95
+from ..benchkit.workloads import fits_side_by_side
 from ..daemon.generation.cost_store import FILE_NAME
 from .bench_certify import TokenCertifier
-from .bench_generate import fits_side_by_side, p95
 
 S = TypeVar("S")
 R = TypeVar("R")
@@ -69,19 +70,6 @@ def parse_levels(text: str) -> list[int]:
         raise click.BadParameter("a comma-separated list of positive integers, e.g. 1,4",
                                  param_hint="--concurrency")
     return list(dict.fromkeys(levels))
-
-
-def first_turns(todo: list[tuple[str, Messages]], k: int) -> list[tuple[str, Messages]]:
-    """The first ``k`` turns of each session (all for ``k`` 0), in order."""
-    if k <= 0:
-        return todo
-    seen: dict[str, int] = {}
-    out = []
-    for session, msgs in todo:
-        seen[session] = seen.get(session, 0) + 1
-        if seen[session] <= k:
-            out.append((session, msgs))
-    return out
 
 
 @dataclass(frozen=True)

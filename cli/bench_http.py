@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 
 from ..benchkit.daemons import start_daemon, wait_measured
-from .bench_generate import load_session_turns
+from ..benchkit.workloads import load_session_turns
 
 # openai is a benchmark dependency, imported where it runs. Messages read from a workload
 # file go to it cast to its message types: the daemon checks them, not this process.

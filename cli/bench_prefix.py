@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
-from .bench_concurrency import first_turns
-from .bench_generate import load_session_turns, p95
+from ..benchkit.generate import p95
+from ..benchkit.workloads import first_turns, load_session_turns
 
 # openai is a benchmark dependency, imported where it runs. Messages read from a workload
 # file go to it cast to its message types: the daemon checks them, not this process.

@@ -207,7 +207,7 @@ def tools_bench(workload: Path, sessions: int, turns_per_session: int, max_token
                 ls_flash_attn: str, ls_plain: bool, ls_same_grammar: bool, ls_native: bool,
                 ls_chat_template: Path | None, as_json: bool) -> None:
     """Replay WORKLOAD's sessions as a tool-calling agent, through the endpoint."""
-    from .bench_generate import load_session_turns
+    from ..benchkit.workloads import load_session_turns
 
     if llama_server and not (ls_same_grammar or ls_native):
         raise click.ClickException("--no-ls-same-grammar without --ls-native leaves "
@@ -407,7 +407,7 @@ class _ToolsRun:
     def figures(self, workload: Path, todo: Sequence[tuple[str, Any]]) -> dict[str, Any]:
         """The run's JSON object: the setup, each system's figures, and per comparison
         suffixd against the fastest llama-server system and the calls they agree on."""
-        from .bench_generate import p95
+        from ..benchkit.generate import p95
 
         mode = self.mode
         out: dict[str, Any] = {"workload": str(workload),

@@ -7,12 +7,12 @@ import time
 
 import pytest
 from click.testing import CliRunner
+from suffixd.benchkit.workloads import first_turns
 from suffixd.cli.bench_concurrency import (
     PlannedTurn,
     TurnResult,
     aggregate,
     daemon_mode_args,
-    first_turns,
     greedy_same,
     keep_profile,
     parse_levels,
