@@ -5,6 +5,8 @@ it (cli/bench*.py are the command line over it; tests/test_import_layers.py keep
 * ``generate``: end-to-end generation through the real model, every mode turn by turn
   (plain, suffixd, prompt lookup, llama-server), its figures and verdicts;
 * ``agent``: whole agent sessions in this process, over ``generate``;
+* ``concurrency``: N agent sessions at once through the OpenAI endpoint, against
+  llama-server ``-np N``; ``certify``: their answers judged against plain decoding;
 * ``llama_server``: llama-server as the reference (start, ask, stop; a busy machine);
 * ``daemons``: a suffixd daemon for a benchmark (started, its costs measured);
 * ``errors``: ``BenchError``, why a benchmark cannot run, which the command line prints.

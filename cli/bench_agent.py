@@ -1,7 +1,7 @@
 """`suffixd bench agent`: its options over benchkit/agent.py (whole agent sessions at their
 real length, in this process) and, with ``--concurrency N1,N2``, over
-cli/bench_concurrency.py (N sessions at a time through the OpenAI endpoint, side by side
-with llama-server ``-np N``; ``--certify`` judges the answers with cli/bench_certify.py).
+benchkit/concurrency.py (N sessions at a time through the OpenAI endpoint, side by side
+with llama-server ``-np N``; ``--certify`` judges the answers with benchkit/certify.py).
 
 ``--deterministic`` runs every daemon in deterministic mode and certifies against plain
 decoding in that mode (the same request must then get the same tokens at every N).
@@ -14,20 +14,34 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
 from ..benchkit.agent import agent_lines, run_agent
+from ..benchkit.certify import TokenCertifier
+from ..benchkit.concurrency import repeat_summary, report_lines, run_concurrency
 from ..benchkit.generate import MODES
 from ..benchkit.workloads import first_turns, load_session_turns
-from .bench_certify import TokenCertifier
-from .bench_concurrency import (
-    parse_levels,
-    repeat_summary,
-    report,
-    run_concurrency,
-)
 from .llama_server import draft_model_options, llama_server_options
+
+
+def parse_levels(text: str) -> list[int]:
+    """``"1,4"`` -> [1, 4] (positive, first occurrence kept, in the order given)."""
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise click.BadParameter("a comma-separated list of positive integers, e.g. 1,4",
+                                 param_hint="--concurrency")
+    return list(dict.fromkeys(levels))
+
+
+def report(out: dict[str, Any]) -> None:
+    """``run_concurrency``'s figures (or a repeated run's) as the text table."""
+    for line in report_lines(out):
+        click.echo(line)
 
 
 @click.command("agent")

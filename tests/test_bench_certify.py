@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from suffixd.cli.bench_certify import TokenCertifier
-from suffixd.cli.bench_concurrency import PlannedTurn
+from suffixd.benchkit.certify import TokenCertifier
+from suffixd.benchkit.concurrency import PlannedTurn
 from suffixd.daemon.generation.certify import noisy_drafts
 from suffixd.daemon.generation.verifier import GenerateParams, Verifier
 from suffixd.daemon.model import embedded_model_path

@@ -7,24 +7,23 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from suffixd.benchkit.workloads import first_turns
-from suffixd.cli.bench_concurrency import (
+from suffixd.benchkit.concurrency import (
     PlannedTurn,
     TurnResult,
     aggregate,
     daemon_mode_args,
     greedy_same,
     keep_profile,
-    parse_levels,
     partings,
     plan_sessions,
     ratios,
     repeat_summary,
     replay,
-    report,
     reuse_profile,
     run_sessions,
 )
+from suffixd.benchkit.workloads import first_turns
+from suffixd.cli.bench_agent import parse_levels, report
 from suffixd.cli.main import main
 
 

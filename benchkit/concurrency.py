@@ -1,5 +1,5 @@
-"""`suffixd bench agent --concurrency N1,N2,...`: N agent sessions at once through the
-OpenAI endpoint, side by side with llama-server ``-np N``.
+"""N agent sessions at once through the OpenAI endpoint, side by side with llama-server
+``-np N`` (`suffixd bench agent --concurrency N1,N2,...`): the run, its figures and table.
 
 For every concurrency level N and every system a fresh server is started: suffixd
 (``serve --http``, ``--kv-slots N`` when N > 4, else its default 4) and, with
@@ -22,7 +22,7 @@ request), turns; per N, suffixd's aggregate rate against the best llama-server s
 and, rate and wall time, against suffixd's own one session after another (N = 1, run for
 suffixd even when not a level asked for); ``greedy_same``: the turns whose suffixd text at
 N equals suffixd's text at the first level; and with a ``TokenCertifier``
-(cli/bench_certify.py), ``certified``: per N, suffixd's turns (their ``token_ids``) judged
+(certify.py), ``certified``: per N, suffixd's turns (their ``token_ids``) judged
 against plain decoding (identical, near-tie, diverged), after the timed runs.
 
 ``deterministic`` True / False gives every suffixd daemon ``serve --deterministic`` /
@@ -46,30 +46,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import click
-
 from suffixcache import common_prefix_length
 
-from ..benchkit.generate import p95
-from ..benchkit.workloads import fits_side_by_side
 from ..daemon.generation.cost_store import FILE_NAME
-from .bench_certify import TokenCertifier
+from .certify import TokenCertifier
+from .errors import BenchError
+from .generate import p95
+from .workloads import fits_side_by_side
 
 S = TypeVar("S")
 R = TypeVar("R")
 Messages = list[dict[str, str]]
-
-
-def parse_levels(text: str) -> list[int]:
-    """``"1,4"`` -> [1, 4] (positive, first occurrence kept, in the order given)."""
-    try:
-        levels = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        levels = []
-    if not levels or min(levels) < 1:
-        raise click.BadParameter("a comma-separated list of positive integers, e.g. 1,4",
-                                 param_hint="--concurrency")
-    return list(dict.fromkeys(levels))
 
 
 @dataclass(frozen=True)
@@ -302,10 +289,10 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
     its longest draft)."""
     import openai
 
-    from ..benchkit.daemons import start_daemon, wait_measured
-    from ..benchkit.llama_server import start_servers
     from ..daemon.generation.chat import ChatRenderer
     from ..daemon.generation.verifier import Verifier
+    from .daemons import start_daemon, wait_measured
+    from .llama_server import start_servers
 
     # this process renders what the daemon renders, for llama-server (no decoding here)
     renderer_v = Verifier(model_path, n_ctx=256, n_slots=1, n_threads=1)
@@ -316,7 +303,7 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
     finally:
         renderer_v.close()
     if not plan:
-        raise click.ClickException(f"no turn fits {n_ctx} tokens")
+        raise BenchError(f"no turn fits {n_ctx} tokens")
     results: dict[str, dict[int, dict[str, Any]]] = {}
     texts: dict[int, dict[tuple[str, int], str]] = {}
     answers: dict[int, dict[tuple[str, int], list[int]]] = {}
@@ -427,63 +414,65 @@ def daemon_mode_args(deterministic: bool | None) -> list[str]:
     return ["--deterministic" if deterministic else "--no-deterministic"]
 
 
-def report(out: dict[str, Any]) -> None:
+def report_lines(out: dict[str, Any]) -> list[str]:
     """The table ``run_concurrency``'s figures make (each run's, and the ratios' spread
-    when the levels were repeated)."""
+    when the levels were repeated), line by line."""
+    lines: list[str] = []
+    add = lines.append
     if "runs" in out:
         for k, run in enumerate(out["runs"], 1):
-            click.echo(f"--- run {k} of {len(out['runs'])}")
-            report(run)
+            add(f"--- run {k} of {len(out['runs'])}")
+            lines += report_lines(run)
         for n, r in out["repeat_summary"].items():
             c = r.get("certified")
             verdicts = (f"; against plain decoding {c['identical']} identical, "
                         f"{c['near_tie']} near-tie, {c['diverged']} diverged") if c else ""
-            click.echo(f"N={n}: suffixd / llama-server's best over {len(r['suffixd_vs_ls_best'])}"
-                       f" runs: mean {r['mean']:.3f}, {r['min']:.3f}-{r['max']:.3f}{verdicts}")
-        return
-    click.echo(f"{Path(out['workload']).name}: {out['sessions']} sessions, {out['turns']} "
-               f"turns ({out['skipped_turns']} do not fit {out['n_ctx']} tokens), "
-               f"{out['max_tokens']} tokens max, {out['threads']} threads")
+            add(f"N={n}: suffixd / llama-server's best over {len(r['suffixd_vs_ls_best'])}"
+                f" runs: mean {r['mean']:.3f}, {r['min']:.3f}-{r['max']:.3f}{verdicts}")
+        return lines
+    add(f"{Path(out['workload']).name}: {out['sessions']} sessions, {out['turns']} "
+        f"turns ({out['skipped_turns']} do not fit {out['n_ctx']} tokens), "
+        f"{out['max_tokens']} tokens max, {out['threads']} threads")
     mode = out.get("deterministic")
     on = {n: r.get("batching", {}).get("deterministic")
           for n, r in out["results"].get("suffixd", {}).items() if r.get("batching")}
-    click.echo("suffixd daemons: " + {True: "serve --deterministic", False: "serve "
-               "--no-deterministic", None: "the default mode"}[mode]
-               + "".join(f"; N={n} deterministic {'on' if v else 'off'}"
-                         for n, v in on.items() if v is not None))
+    add("suffixd daemons: " + {True: "serve --deterministic", False: "serve "
+        "--no-deterministic", None: "the default mode"}[mode]
+        + "".join(f"; N={n} deterministic {'on' if v else 'off'}"
+                  for n, v in on.items() if v is not None))
     if out.get("draft_model") or out.get("ls_draft_model"):
-        click.echo(f"draft model: suffixd {out.get('draft_model') or 'none'}; llama-server "
-                   f"(ls-draft) {out.get('ls_draft_model') or 'none'}")
+        add(f"draft model: suffixd {out.get('draft_model') or 'none'}; llama-server "
+            f"(ls-draft) {out.get('ls_draft_model') or 'none'}")
     for n, r in out["results"].get("suffixd", {}).items():
         d = r.get("draft_model")
         if d and "used" in d:
-            click.echo(f"N={n}: suffixd's draft model used {d['used']:,} times, skipped "
-                       f"{d['skipped']:,}, {d['accepted']:,}/{d['drafted']:,} tokens accepted "
-                       f"(acceptance {d['acceptance']}, planned k {d['planned_k']}, costs "
-                       f"{d['costs']})")
+            add(f"N={n}: suffixd's draft model used {d['used']:,} times, skipped "
+                f"{d['skipped']:,}, {d['accepted']:,}/{d['drafted']:,} tokens accepted "
+                f"(acceptance {d['acceptance']}, planned k {d['planned_k']}, costs "
+                f"{d['costs']})")
         elif d:
-            click.echo(f"N={n}: suffixd's draft model not drafting: {d.get('not_drafting')}")
-    click.echo(f"{'system':<16} {'N':>3} {'agg tok/s':>10} {'wall s':>8} {'session s':>10} "
-               f"{'turn s':>8} {'p95 s':>7} {'decode tok/s':>13} {'turns':>6}")
+            add(f"N={n}: suffixd's draft model not drafting: {d.get('not_drafting')}")
+    add(f"{'system':<16} {'N':>3} {'agg tok/s':>10} {'wall s':>8} {'session s':>10} "
+        f"{'turn s':>8} {'p95 s':>7} {'decode tok/s':>13} {'turns':>6}")
     for n in sorted({1, *out["concurrency"]}):
         for s, r in out["results"].items():
             if str(n) not in r:
                 continue
             v = r[str(n)]
-            click.echo(f"{s:<16} {n:>3} {v['agg_tok_s']:>10.2f} {v['wall_s']:>8.2f} "
-                       f"{v['session_wall_s']:>10.2f} {v['turn_s']:>8.3f} "
-                       f"{v['turn_p95_s']:>7.3f} {v['decode_tok_s']:>13.2f} {v['turns']:>6}")
+            add(f"{s:<16} {n:>3} {v['agg_tok_s']:>10.2f} {v['wall_s']:>8.2f} "
+                f"{v['session_wall_s']:>10.2f} {v['turn_s']:>8.3f} "
+                f"{v['turn_p95_s']:>7.3f} {v['decode_tok_s']:>13.2f} {v['turns']:>6}")
     for n in sorted({1, *out["concurrency"]}):
         b = out["results"].get("suffixd", {}).get(str(n), {}).get("batching")
         if b and b.get("steps"):
-            click.echo(f"N={n}: suffixd steps {b['steps']:,}, {b['sequences'] / b['steps']:.2f} "
-                       f"sequences and {b['rows'] / b['steps']:.1f} rows a step "
-                       f"({b['padding_rows']:,} padding, {b['prompt_rows']:,} prompt); "
-                       f"decode {b['decode_s']:.1f} s, between {b['between_s']:.1f} s, "
-                       f"reading {b['reading_s']:.1f} s")
+            add(f"N={n}: suffixd steps {b['steps']:,}, {b['sequences'] / b['steps']:.2f} "
+                f"sequences and {b['rows'] / b['steps']:.1f} rows a step "
+                f"({b['padding_rows']:,} padding, {b['prompt_rows']:,} prompt); "
+                f"decode {b['decode_s']:.1f} s, between {b['between_s']:.1f} s, "
+                f"reading {b['reading_s']:.1f} s")
     for n, best in out["ls_best"].items():
-        click.echo(f"N={n}: suffixd / {best} aggregate tok/s: "
-                   f"{out['suffixd_vs_ls_best'][n]:.3f}")
+        add(f"N={n}: suffixd / {best} aggregate tok/s: "
+            f"{out['suffixd_vs_ls_best'][n]:.3f}")
     walls = out.get("suffixd_wall_vs_n1", {})
     for n, x in out["suffixd_vs_n1"].items():
         if n == "1":
@@ -491,20 +480,21 @@ def report(out: dict[str, Any]) -> None:
         w = walls.get(n)
         verdict = "" if w is None else (
             f"; wall {w:.3f}x" + ("  SLOWER than one after another" if w > 1.0 else ""))
-        click.echo(f"N={n}: suffixd {n} at once / one after another (same sessions): "
-                   f"aggregate tok/s {x:.3f}{verdict}")
+        add(f"N={n}: suffixd {n} at once / one after another (same sessions): "
+            f"aggregate tok/s {x:.3f}{verdict}")
     for n, same in out["greedy_same"].items():
-        click.echo(f"N={n}: suffixd text same as at N={out['concurrency'][0]}: {same}")
+        add(f"N={n}: suffixd text same as at N={out['concurrency'][0]}: {same}")
     for n, parted in out.get("parted", {}).items():
-        click.echo(f"N={n}: suffixd token ids parted from N={out['concurrency'][0]}'s in "
-                   f"{len(parted)} turns" + "".join(
-                       f"; {s} turn {i} at token {at} ({a} vs {b})"
-                       for s, i, at, a, b in parted[:8]) + ("; ..." if len(parted) > 8 else ""))
+        add(f"N={n}: suffixd token ids parted from N={out['concurrency'][0]}'s in "
+            f"{len(parted)} turns" + "".join(
+                f"; {s} turn {i} at token {at} ({a} vs {b})"
+                for s, i, at, a, b in parted[:8]) + ("; ..." if len(parted) > 8 else ""))
     if "certified" in out:
-        click.echo(f"certification: plain decoding in {out.get('certify_reference', 'default')}"
-                   " mode")
+        add(f"certification: plain decoding in {out.get('certify_reference', 'default')}"
+            " mode")
     for n, c in out.get("certified", {}).items():
         where = "".join(f"; diverged: {s} turn {i} at token {at} (plain decoding's gap {gap})"
                         for s, i, at, gap in c["diverged_at"])
-        click.echo(f"N={n}: suffixd against plain decoding: {c['identical']} identical, "
-                   f"{c['near_tie']} near-tie, {c['diverged']} diverged{where}")
+        add(f"N={n}: suffixd against plain decoding: {c['identical']} identical, "
+            f"{c['near_tie']} near-tie, {c['diverged']} diverged{where}")
+    return lines
