@@ -7,6 +7,9 @@ it (cli/bench*.py are the command line over it; tests/test_import_layers.py keep
 * ``agent``: whole agent sessions in this process, over ``generate``;
 * ``concurrency``: N agent sessions at once through the OpenAI endpoint, against
   llama-server ``-np N``; ``certify``: their answers judged against plain decoding;
+* ``fronts``: the OpenAI endpoint against gRPC Generate on one daemon;
+* ``tools``: a tool-calling agent through the endpoint, against llama-server with the
+  same grammar and with its own;
 * ``llama_server``: llama-server as the reference (start, ask, stop; a busy machine);
 * ``daemons``: a suffixd daemon for a benchmark (started, its costs measured);
 * ``errors``: ``BenchError``, why a benchmark cannot run, which the command line prints.

@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from suffixd.cli.bench_tools import (
+from suffixd.benchkit.tools import (
     BASH,
     GEMMA3_TEMPLATE,
     chat_template_args,
-    first_turns,
     message_calls,
     to_tool_calls,
     whole_calls,
 )
+from suffixd.benchkit.workloads import first_turns
 
 RECORDED = [
     {"role": "system", "content": "Use one bash block per turn."},
