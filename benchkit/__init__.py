@@ -10,6 +10,8 @@ it (cli/bench*.py are the command line over it; tests/test_import_layers.py keep
 * ``fronts``: the OpenAI endpoint against gRPC Generate on one daemon;
 * ``tools``: a tool-calling agent through the endpoint, against llama-server with the
   same grammar and with its own;
+* ``structured``: response_format answers against llama-server's own grammar;
+* ``prefix``: new conversations sharing a system prompt (time to first token);
 * ``llama_server``: llama-server as the reference (start, ask, stop; a busy machine);
 * ``daemons``: a suffixd daemon for a benchmark (started, its costs measured);
 * ``errors``: ``BenchError``, why a benchmark cannot run, which the command line prints.

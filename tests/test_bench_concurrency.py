@@ -216,7 +216,7 @@ def test_cli_rejects_a_bad_concurrency() -> None:
 
 
 def test_bench_prefix_puts_its_system_prompt_in_front() -> None:
-    from suffixd.cli.bench_prefix import with_system
+    from suffixd.benchkit.prefix import with_system
 
     msgs = [{"role": "system", "content": "old"}, {"role": "user", "content": "task"}]
     assert with_system(msgs, None) == msgs
