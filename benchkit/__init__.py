@@ -2,6 +2,8 @@
 it (cli/bench*.py are the command line over it; tests/test_import_layers.py keeps it so):
 
 * ``workloads``: workload files read and tokenized, an agent's turns, what fits a context;
+* ``replay``: the model-free benches, a workload replayed through draft sources and the
+  native tree alone;
 * ``generate``: end-to-end generation through the real model, every mode turn by turn
   (plain, suffixd, prompt lookup, llama-server), its figures and verdicts;
 * ``agent``: whole agent sessions in this process, over ``generate``;

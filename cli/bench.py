@@ -1,19 +1,20 @@
-"""`suffixd bench`: measurements that make figures comparable across implementations."""
+"""`suffixd bench`: measurements that make figures comparable across implementations.
+
+The group and its model-free commands (replay, tree) over benchkit/replay.py; the other
+commands are the cli/bench_*.py modules, each its options over a benchkit module."""
 
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from suffixcache.cost import CostProfile
-from suffixcache.drafter import Draft, DraftConfig
-from suffixcache.replay import DraftSource, SuffixSource, replay
 
 from ..benchkit.errors import BenchError
+from ..benchkit.replay import replay_sources, replay_table, tree_figures, tree_lines
 from ..benchkit.workloads import tokenized_workload
 
 
@@ -45,75 +46,6 @@ def workload_args(command: Callable[..., None]) -> Callable[..., None]:
     return click.argument(
         "workload", type=click.Path(exists=True, dir_okay=False, path_type=Path)
     )(command)
-
-
-class PromptLookupSource:
-    """llama-cpp-python's own LlamaPromptLookupDecoding (n-gram 2, 10 tokens), as it ships."""
-
-    name = "pld"
-
-    def __init__(self, max_ngram_size: int = 2, num_pred_tokens: int = 10) -> None:
-        import numpy as np
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        self._np = np
-        self._pld = LlamaPromptLookupDecoding(
-            max_ngram_size=max_ngram_size, num_pred_tokens=num_pred_tokens
-        )
-        self._buf = np.zeros(1 << 16, dtype=np.intc)
-        self._n = 0
-
-    def begin_session(self, key: str) -> None:
-        self._n = 0
-
-    def append(self, key: str, tokens: Sequence[int], *, generated: bool) -> None:
-        need = self._n + len(tokens)
-        if need > len(self._buf):
-            self._buf = self._np.resize(self._buf, max(need, 2 * len(self._buf)))
-        self._buf[self._n : need] = tokens
-        self._n = need
-
-    def propose(self, key: str, context: list[int], max_tokens: int) -> Draft:
-        out = self._pld(self._buf[: self._n])[:max_tokens]
-        toks = [int(t) for t in out]
-        return Draft(
-            toks,
-            list(range(-1, len(toks) - 1)),
-            [1.0] * len(toks),
-            ["pld"] * len(toks),
-            0,
-            float(len(toks)),
-        )
-
-    def observe(self, draft: Draft, accepted: int, accepted_tokens: Sequence[int]) -> None:
-        pass
-
-    def end_turn(self, key: str, response: Sequence[int]) -> None:
-        pass
-
-    def end_session(self, key: str) -> None:
-        pass
-
-    def memory(self) -> dict[str, int]:
-        return {"tokens": self._n, "bytes": int(self._buf.nbytes)}
-
-
-FIGURE_ORDER = [
-    "out_tokens",
-    "steps",
-    "tokens_per_step",
-    "accepted_per_step",
-    "spec_per_step",
-    "accept_rate",
-    "draft_hit_rate",
-    "cpu_model_speedup",
-    "spec_us_per_call",
-    "update_us_per_token",
-    "index_us_per_prompt_token",
-    "index_ms_per_request",
-    "cached_tokens",
-    "bytes_per_cached_token",
-]
 
 
 @bench.command("replay")
@@ -169,37 +101,19 @@ def replay_cmd(
     as_json: bool,
 ) -> None:
     """Replay WORKLOAD.jsonl with the replay protocol of the shared data README."""
-    from tqdm import tqdm
-
     profile = _load_profile(cost_profile)
     sessions = tokenized_workload(workload, tokenizer_path, limit_sessions)
-    total = sum(len(m.content) for s in sessions for m in s.messages if m.role == "assistant")
-    results: dict[str, dict[str, float | int | str]] = {}
-    for name in sources or ("suffixd",):
-        source: DraftSource
-        if name == "pld":
-            source = PromptLookupSource()
-        else:
-            config = DraftConfig(
-                max_tokens=max_spec, use_tree=use_tree, cost_aware=not no_cost_aware
-            )
-            source = SuffixSource(profile, config)
-        with tqdm(
-            total=total,
-            unit="tok",
-            desc=f"replay {name}",
-            disable=as_json or not sys.stderr.isatty(),
-            file=sys.stderr,
-        ) as bar:
-            res = replay(sessions, source, profile, max_spec=max_spec, on_turn=bar.update)
-        results[name] = res.figures()
+    results = replay_sources(sessions, sources or ("suffixd",), profile, max_spec=max_spec,
+                             use_tree=use_tree, cost_aware=not no_cost_aware,
+                             progress=not as_json)
     if as_json:
         if len(results) == 1:
             click.echo(json.dumps({"workload": workload.name, **next(iter(results.values()))}))
         else:
             click.echo(json.dumps({"workload": workload.name, "sources": results}))
         return
-    _print_table(workload.name, results)
+    for line in replay_table(workload.name, results):
+        click.echo(line)
 
 
 def _load_profile(text: str | None) -> CostProfile:
@@ -212,19 +126,6 @@ def _load_profile(text: str | None) -> CostProfile:
         return CostProfile.from_json(text)
     except (OSError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="--cost-profile") from None
-
-
-def _print_table(workload: str, results: dict[str, dict[str, float | int | str]]) -> None:
-    names = list(results)
-    width = max(len(k) for k in FIGURE_ORDER) + 2
-    click.echo(f"workload: {workload}")
-    click.echo("figure".ljust(width) + "".join(n.rjust(14) for n in names))
-    for key in FIGURE_ORDER:
-        row = key.ljust(width)
-        for n in names:
-            v = results[n][key]
-            row += f"{v:14.3f}" if isinstance(v, float) else f"{v:14d}"
-        click.echo(row)
 
 
 @bench.command("tree")
@@ -240,50 +141,13 @@ def tree_cmd(
     as_json: bool,
 ) -> None:
     """Native tree alone: bulk insert, speculate and remove over a workload's responses."""
-    import random
-    import time
-
-    from suffixcache import SuffixTree
-
     sessions = tokenized_workload(workload, tokenizer_path, limit_sessions)
-    seqs = [m.content for s in sessions for m in s.messages if m.role == "assistant" and m.content]
-    n_tokens = sum(len(q) for q in seqs)
-    if not n_tokens:
-        raise click.ClickException("the workload has no assistant turns")
-    tree = SuffixTree(max_depth)
-    t0 = time.perf_counter()
-    for i, q in enumerate(seqs):
-        tree.extend(i, q)
-    insert_s = time.perf_counter() - t0
-    rng = random.Random(0)
-    probes = []
-    for _ in range(2000):
-        q = seqs[rng.randrange(len(seqs))]
-        cut = rng.randrange(1, len(q) + 1)
-        probes.append(q[max(0, cut - 32) : cut])
-    t0 = time.perf_counter()
-    for ctx in probes:
-        tree.speculate(ctx, max_tokens=32, max_match=32)
-    spec_s = time.perf_counter() - t0
-    figures = {
-        "workload": workload.name,
-        "sequences": len(seqs),
-        "tokens": n_tokens,
-        "nodes_per_token": tree.num_nodes / n_tokens,
-        "bytes_per_token": tree.memory_bytes / n_tokens,
-        "insert_us_per_token": insert_s / n_tokens * 1e6,
-        "speculate_us_per_call": spec_s / len(probes) * 1e6,
-    }
-    half = seqs[::2]
-    t0 = time.perf_counter()
-    for i in range(0, len(seqs), 2):
-        tree.remove(i)
-    figures["remove_us_per_token"] = (time.perf_counter() - t0) / sum(map(len, half)) * 1e6
+    figures = tree_figures(workload.name, sessions, max_depth)
     if as_json:
         click.echo(json.dumps(figures))
         return
-    for key, value in figures.items():
-        click.echo(f"{key:24s} {value:.3f}" if isinstance(value, float) else f"{key:24s} {value}")
+    for line in tree_lines(figures):
+        click.echo(line)
 
 
 from .bench_generate import generate_bench  # noqa: E402  (suffixd bench generate)
