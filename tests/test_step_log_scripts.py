@@ -1,5 +1,6 @@
-"""bench/perfect_draft_oracle.py's ceiling (issue 45): prompt rows priced at the run's own
-prompt-only steps, every emitted token at the profile's cheapest shape per row."""
+"""The scripts that read a daemon's step log (issue 45): bench/perfect_draft_oracle.py's
+ceiling (prompt rows priced at the run's own prompt-only steps, every emitted token at the
+profile's cheapest shape per row) and bench/step_log_summary.py's pricing of mixed steps."""
 
 from __future__ import annotations
 
@@ -63,3 +64,34 @@ def test_a_file_that_is_not_a_step_log_is_refused(tmp_path: Path) -> None:
                        capture_output=True, text=True)
     assert r.returncode != 0 and "not a step log" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_mixed_steps_priced_as_their_parts_in_separate_steps() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "step_log_summary", ROOT / "bench" / "step_log_summary.py")
+    assert spec is not None and spec.loader is not None
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+
+    def prompt_s(rows: int, pos: int) -> float:
+        return 0.003 * rows + 0.0002 * rows * (pos + rows / 2) / 1000 + 0.01
+
+    def decode_s(seqs: list[tuple[int, int]]) -> float:
+        return 0.05 + 0.004 * sum(r for r, _ in seqs) + 0.002 * len(seqs) + \
+            0.0001 * sum(r * p for r, p in seqs) / 1000
+
+    log, t = [], 0.0
+    for i in range(6):
+        t += 1
+        log.append(_step(t, prompt_s(100 + 50 * i, 300 * i), [0, 1, 9, 0, 9, 100 + 50 * i, 0,
+                                                                300 * i]))
+    for i in range(8):
+        seqs = [(1 + i % 3, 500 + 100 * i), (2, 900 + 40 * i)][: 1 + i % 2]
+        t += 1
+        log.append(_step(t, decode_s(seqs), *[[j, 0, 9, 0, r, r, r, p]
+                                              for j, (r, p) in enumerate(seqs)]))
+    mixed = prompt_s(200, 1000) + decode_s([(3, 700)]) + 0.5  # half a second dearer
+    log.append(_step(t + 1, mixed, [0, 1, 9, 0, 200, 200, 0, 1000], [1, 0, 9, 0, 3, 3, 3, 700]))
+    out = summary.price_mixed(log, log)
+    assert out is not None and out["mixed_steps"] == 1
+    assert out["took_s"] - out["separately_s"] == pytest.approx(0.5, abs=1e-6)
