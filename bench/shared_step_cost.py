@@ -3,11 +3,14 @@ time, and with every sequence padded to the longest (the shapes the step batcher
 
     python bench/shared_step_cost.py [--sequences 4] [--context 1600] [--ctx-size 32768]
                                      [--unified] [--shapes "1,1,1,1;4,4,4,4;2,8,12,10"]
+                                     [--flash-attn]
 
 Sequence s holds context * (s + 1) / 2 random cached tokens (a KV stream each, as the
 daemon's verifier; --unified: one pool). Each shape is timed as one decode for all, as
 one decode per sequence, and padded to equal rows (logits for the real rows only), the
 median of 5 repetitions after a warm-up; the rows are rolled back after each.
+``--flash-attn``: with llama.cpp's CPU flash attention, as llama-server runs by default
+(the verifier keeps it off: see daemon/generation/verifier.py), to price what it buys.
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ from suffixd.daemon.model import embedded_model_path, extra_weight_buffers
 Rows = list[tuple[int, list[int], int, int]]  # (sequence, tokens, first position, outputs)
 
 
-def open_streams(n: int, ctx_size: int, threads: int, unified: bool = False
-                 ) -> tuple[Callable[[Rows], None], Any]:
+def open_streams(n: int, ctx_size: int, threads: int, unified: bool = False,
+                 flash_attn: bool = False) -> tuple[Callable[[Rows], None], Any]:
     """The embedded model in a context of ``n`` sequences of ``ctx_size`` cells each (a KV
-    stream each, as the daemon's verifier; ``unified``: one pool), no flash attention:
-    a ``decode(rows)`` of it and its memory handle (kept alive by the closure)."""
+    stream each, as the daemon's verifier; ``unified``: one pool), without flash attention
+    unless ``flash_attn``: a ``decode(rows)`` of it and its memory handle (kept alive by
+    the closure)."""
     llama_cpp.llama_backend_init()
     mp = llama_cpp.llama_model_default_params()
     mp.use_extra_bufts = extra_weight_buffers()
@@ -43,7 +47,8 @@ def open_streams(n: int, ctx_size: int, threads: int, unified: bool = False
     cp.n_seq_max = n
     cp.kv_unified = unified
     cp.swa_full = False
-    cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                          else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
     ctx = _internals.LlamaContext(model=model, params=cp, verbose=False)
     batch = _internals.LlamaBatch(n_tokens=512, embd=0, n_seq_max=1, verbose=False)
     b = batch.batch
@@ -71,10 +76,12 @@ def main() -> None:
     ap.add_argument("--ctx-size", type=int, default=32768, help="cells per sequence")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--unified", action="store_true")
+    ap.add_argument("--flash-attn", action="store_true")
     ap.add_argument("--shapes", default="1;1,1;1,1,1,1;4,4,4,4;8,8,8,8;2,8,12,10;1,16,1,16")
     args = ap.parse_args()
     n = args.sequences
-    decode, memory = open_streams(n, args.ctx_size, args.threads, args.unified)
+    decode, memory = open_streams(n, args.ctx_size, args.threads, args.unified,
+                                  args.flash_attn)
     rng = random.Random(0)
 
     lens = {}
@@ -101,7 +108,8 @@ def main() -> None:
         return [(s, [rng.randrange(1000, 20000) for _ in range(max(k, pad_to))], lens[s], k)
                 for s, k in enumerate(shape)]
 
-    kind = "unified" if args.unified else "streams"
+    kind = ("unified" if args.unified else "streams") + (", flash attention" if args.flash_attn
+                                                         else "")
     print(f"{kind}, {n} sequences of {[lens[s] for s in range(n)]} cached tokens, "
           f"{args.threads} threads")
     print(f"{'rows per sequence':<20} {'one decode':>11} {'per sequence':>13} {'padded':>9}")
