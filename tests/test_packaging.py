@@ -35,6 +35,7 @@ def test_wheel_contains_extension_and_namespaced_packages(tmp_path: Path) -> Non
         "suffixd/daemon/server/serve.py",
         "suffixd/client/__init__.py",
         "suffixd/cli/main.py",
+        "suffixd/benchkit/workloads.py",
         "suffixd/v1/suffixd_pb2.py",
         # the dashboard's files (package-data: the page must work offline)
         "suffixd/daemon/http_api/dashboard_static/dashboard.css",
