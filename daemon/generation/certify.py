@@ -5,7 +5,7 @@ dependent rounding. A run with ``record_gaps`` keeps, per generated token, what 
 target's logits said there and the batch they came from (``TokenGap``); two runs are
 compared with ``certify_greedy``, and a parting is judged by evaluating the same
 tokens again on a scratch slot with chosen batch shapes. The daemon never certifies;
-the benchmarks (cli/bench_generate.py, bench/) and the tests do.
+the benchmarks (benchkit/generate.py, benchkit/certify.py, bench/) and the tests do.
 
 Interface:
 
