@@ -38,6 +38,8 @@ import itertools
 import json
 import queue
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -272,6 +274,18 @@ def batching(target: str) -> dict[str, Any] | None:
         client.close()
 
 
+def warm(target: str, corpus: Path) -> dict[str, Any]:
+    """``suffixd warm --corpus`` against a daemon (a process of its own: benchkit stays
+    below the CLI), its JSON summary."""
+    r = subprocess.run([sys.executable, "-c", "from suffixd.cli.main import main; main()",
+                        "warm", "--corpus", str(corpus), "--address", target, "--json",
+                        "--no-progress"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise BenchError(f"suffixd warm --corpus {corpus}: {r.stderr.strip()[-500:]}")
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
 def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: list[int],
                     max_tokens: int, model: str | None, model_path: Path, n_ctx: int,
                     threads: int, llama_server: str | None, spec_types: str | None,
@@ -280,13 +294,15 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                     certifier: TokenCertifier | None = None,
                     deterministic: bool | None = None, *,
                     draft_model: Path | None = None, ls_draft_model: Path | None = None,
-                    ls_draft_max: int | None = None) -> dict[str, Any]:
+                    ls_draft_max: int | None = None,
+                    warm_corpus: Path | None = None) -> dict[str, Any]:
     """Every level, every system, a fresh server each; the figures as one JSON object
     (with ``certifier``, suffixd's answers certified once the servers are stopped;
     ``deterministic``: the daemons' mode, see the module docstring; ``draft_model``: the
     daemons' ``--draft-model``, its policy's decisions reported per level;
     ``ls_draft_model``: llama-server drafting with it too, "ls-draft", ``ls_draft_max``
-    its longest draft)."""
+    its longest draft; ``warm_corpus``: every suffixd daemon warmed with ``suffixd warm
+    --corpus`` before its timed run, as a long-running one would have been)."""
     import openai
 
     from ..daemon.generation.chat import ChatRenderer
@@ -333,6 +349,7 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
             try:
                 wait_measured(daemon.proc, target)
                 keep_profile(data, kept)
+                warmed = warm(target, warm_corpus) if warm_corpus is not None else None
                 oai = openai.OpenAI(base_url=daemon.http, api_key="none", max_retries=0,
                                     timeout=1800)
 
@@ -355,6 +372,8 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                 flat = measure("suffixd", n, ask)
                 texts[n] = {(r.session, r.index): r.text for r in flat}
                 results["suffixd"][n]["batching"] = batching(target)
+                if warmed is not None:
+                    results["suffixd"][n]["warm"] = warmed
                 if draft_model is not None:
                     results["suffixd"][n]["draft_model"] = draft_model_stats(target)
             finally:

@@ -70,13 +70,19 @@ def report(out: dict[str, Any]) -> None:
               help="With --concurrency: every suffixd daemon runs serve --deterministic (or "
                    "--no-deterministic), and the certification's plain decoding runs in the "
                    "same mode [default: as serve's: $SUFFIXD_DETERMINISTIC, else off].")
+@click.option("--warm-corpus", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None,
+              help="With --concurrency: warm every suffixd daemon with `suffixd warm --corpus "
+                   "DIR` before its timed run, as a long-running daemon would be (llama-server "
+                   "has no such thing).")
 @llama_server_options
 @draft_model_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | None, n_ctx: int,
                 threads: int, modes: str, turns_limit: int, concurrency: str | None,
                 profiles: Path | None, repeat: int, certify: bool,
-                deterministic: bool | None, llama_server: str | None,
+                deterministic: bool | None, warm_corpus: Path | None,
+                llama_server: str | None,
                 spec_types: str | None, ls_flash_attn: str, ls_plain: bool,
                 draft_model: Path | None, ls_draft_model: Path | None,
                 ls_draft_max: int | None, as_json: bool) -> None:
@@ -87,6 +93,8 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
     levels = parse_levels(concurrency) if concurrency is not None else None
     if deterministic is not None and levels is None:
         raise click.BadParameter("only with --concurrency", param_hint="--deterministic")
+    if warm_corpus is not None and levels is None:
+        raise click.BadParameter("only with --concurrency", param_hint="--warm-corpus")
     if draft_model is not None and levels is None:
         raise click.BadParameter("only with --concurrency (the in-process modes have no "
                                  "draft model)", param_hint="--draft-model")
@@ -113,7 +121,7 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
                                     n_ctx, threads, llama_server, spec_types, ls_flash_attn,
                                     ls_plain, profiles, certifier, mode,
                                     draft_model=draft_model, ls_draft_model=ls_draft_model,
-                                    ls_draft_max=ls_draft_max)
+                                    ls_draft_max=ls_draft_max, warm_corpus=warm_corpus)
                     for _ in range(repeat)]
         except RuntimeError as exc:  # the certification's deterministic mode did not hold
             raise click.ClickException(str(exc)) from None

@@ -380,11 +380,43 @@ def test_draft_models_reach_the_daemons_and_llama_server(monkeypatch, tmp_path) 
                                        "1", "--no-certify", "--json", "--draft-model", str(q4),
                                        "--ls-draft-model", str(q4), "--ls-draft-max", "4"])
     assert result.exit_code == 0, result.output
-    assert got == {"draft_model": q4, "ls_draft_model": q4, "ls_draft_max": 4}
+    assert got == {"draft_model": q4, "ls_draft_model": q4, "ls_draft_max": 4,
+                   "warm_corpus": None}
     got.clear()
     CliRunner().invoke(main, ["bench", "agent", _workload(tmp_path), "--concurrency", "1",
                               "--no-certify", "--json"])
-    assert got == {"draft_model": None, "ls_draft_model": None, "ls_draft_max": None}
+    assert got == {"draft_model": None, "ls_draft_model": None, "ls_draft_max": None,
+                   "warm_corpus": None}
+
+
+def test_a_warm_corpus_reaches_the_daemons_and_needs_concurrency(monkeypatch, tmp_path) -> None:
+    import suffixd.cli.bench_agent as agent
+
+    got = {}
+
+    def run(*a, **kw):
+        got.update(kw)
+        return {"concurrency": [1], "suffixd_vs_ls_best": {}}
+
+    monkeypatch.setattr(agent, "run_concurrency", run)
+    corpus = tmp_path / "sql"
+    corpus.mkdir()
+    result = CliRunner().invoke(main, ["bench", "agent", _workload(tmp_path), "--concurrency",
+                                       "1", "--no-certify", "--json", "--warm-corpus",
+                                       str(corpus)])
+    assert result.exit_code == 0, result.output
+    assert got["warm_corpus"] == corpus
+    result = CliRunner().invoke(main, ["bench", "agent", _workload(tmp_path),
+                                       "--warm-corpus", str(corpus)])
+    assert result.exit_code != 0 and "only with --concurrency" in result.output
+
+
+def test_a_warm_that_fails_is_a_bench_error_with_its_message(tmp_path) -> None:
+    from suffixd.benchkit.concurrency import warm
+    from suffixd.benchkit.errors import BenchError
+
+    with pytest.raises(BenchError, match="suffixd warm --corpus"):
+        warm(f"unix:{tmp_path / 'no.sock'}", tmp_path)
 
 
 def test_the_daemons_draft_model_needs_concurrency(tmp_path) -> None:
