@@ -56,6 +56,9 @@ from .errors import BenchError
 from .generate import p95
 from .workloads import fits_side_by_side
 
+# the namespace every suffixd request of the bench goes to (and a warmed corpus)
+NAMESPACE = "bench-concurrency"
+
 S = TypeVar("S")
 R = TypeVar("R")
 Messages = list[dict[str, str]]
@@ -274,12 +277,13 @@ def batching(target: str) -> dict[str, Any] | None:
         client.close()
 
 
-def warm(target: str, corpus: Path) -> dict[str, Any]:
-    """``suffixd warm --corpus`` against a daemon (a process of its own: benchkit stays
-    below the CLI), its JSON summary."""
+def warm(target: str, corpus: Path, namespace: str = NAMESPACE) -> dict[str, Any]:
+    """``suffixd warm --corpus`` into the bench's namespace of a daemon (a process of its
+    own: benchkit stays below the CLI), its JSON summary."""
     r = subprocess.run([sys.executable, "-c", "from suffixd.cli.main import main; main()",
-                        "warm", "--corpus", str(corpus), "--address", target, "--json",
-                        "--no-progress"], capture_output=True, text=True)
+                        "warm", "--corpus", str(corpus), "--namespace", namespace,
+                        "--address", target, "--json", "--no-progress"],
+                       capture_output=True, text=True)
     if r.returncode != 0:
         raise BenchError(f"suffixd warm --corpus {corpus}: {r.stderr.strip()[-500:]}")
     out: dict[str, Any] = json.loads(r.stdout)
@@ -360,7 +364,7 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                     r = oai.chat.completions.create(
                         model="default", messages=t.messages,
                         temperature=0, max_tokens=max_tokens, extra_headers={
-                            "X-Suffixd-Namespace": "bench-concurrency",
+                            "X-Suffixd-Namespace": NAMESPACE,
                             "X-Suffixd-Session": session},
                         extra_body={"return_token_ids": True})
                     ids[(session, t.index)] = (r.choices[0].model_extra or {})["token_ids"]

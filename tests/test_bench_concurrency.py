@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -446,3 +447,23 @@ def test_report_shows_the_draft_models_decisions(capsys) -> None:
     assert "N=1: suffixd's draft model used 120 times, skipped 3,000, 300/480 tokens " \
         "accepted (acceptance 0.62, planned k 3, costs measured)\n" in shown
     assert "N=4: suffixd's draft model not drafting: its costs are not measured yet" in shown
+
+
+def test_the_corpus_is_warmed_into_the_namespace_the_requests_use(monkeypatch, tmp_path) -> None:
+    import subprocess
+
+    from suffixd.benchkit import concurrency
+
+    seen = []
+
+    def run(args, **kw):
+        seen.append(args)
+        return subprocess.CompletedProcess(args, 0, '{"units": 3}', "")
+
+    monkeypatch.setattr(concurrency.subprocess, "run", run)
+    assert concurrency.warm("unix:/x.sock", tmp_path) == {"units": 3}
+    args = seen[0]
+    assert args[args.index("--namespace") + 1] == concurrency.NAMESPACE
+    assert args[args.index("--address") + 1] == "unix:/x.sock"
+    source = Path(concurrency.__file__).read_text()
+    assert '"X-Suffixd-Namespace": NAMESPACE' in source  # the requests' namespace
