@@ -23,11 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-def runs(recs: list[dict[str, Any]], gap: float) -> list[list[dict[str, Any]]]:
-    """The log cut into daemons: a pause of more than ``gap`` seconds between steps."""
-    cuts = [0] + [i for i in range(1, len(recs)) if recs[i]["t"] - recs[i - 1]["t"] > gap]
-    return [recs[a:b] for a, b in zip(cuts, [*cuts[1:], len(recs)], strict=True)]
+from step_log_summary import split  # a script beside this one (bench/ is on sys.path)
 
 
 def best_seconds_per_token(costs: dict[str, Any]) -> tuple[float, int]:
@@ -81,7 +77,7 @@ def main() -> int:
     recs = [json.loads(line) for line in args.log.read_text().splitlines() if line.strip()]
     if recs and not all("seqs" in r and "t" in r for r in recs):
         sys.exit(f"{args.log}: not a step log (SUFFIXD_STEP_LOG writes one)")
-    found = runs(recs, args.gap)
+    found = split(recs, args.gap)
     if not recs or args.run >= len(found):
         sys.exit(f"{args.log}: no run {args.run} ({len(found)} found)")
     out = ceiling(found[args.run], json.loads(args.profile.read_text())["costs"])

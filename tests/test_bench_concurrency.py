@@ -365,16 +365,22 @@ def test_report_says_the_mode_and_where_turns_parted(capsys) -> None:
     assert "certification: plain decoding in deterministic mode\n" in shown
 
 
-def test_draft_models_reach_the_daemons_and_llama_server(monkeypatch, tmp_path) -> None:
+def _captured_run(monkeypatch) -> dict:
+    """run_concurrency replaced by one that keeps the keyword arguments it was given."""
     import suffixd.cli.bench_agent as agent
 
-    got = {}
+    got: dict = {}
 
     def run(*a, **kw):
         got.update(kw)
         return {"concurrency": [1], "suffixd_vs_ls_best": {}}
 
     monkeypatch.setattr(agent, "run_concurrency", run)
+    return got
+
+
+def test_draft_models_reach_the_daemons_and_llama_server(monkeypatch, tmp_path) -> None:
+    got = _captured_run(monkeypatch)
     q4 = tmp_path / "q4.gguf"
     q4.write_bytes(b"")
     result = CliRunner().invoke(main, ["bench", "agent", _workload(tmp_path), "--concurrency",
@@ -391,15 +397,7 @@ def test_draft_models_reach_the_daemons_and_llama_server(monkeypatch, tmp_path) 
 
 
 def test_a_warm_corpus_reaches_the_daemons_and_needs_concurrency(monkeypatch, tmp_path) -> None:
-    import suffixd.cli.bench_agent as agent
-
-    got = {}
-
-    def run(*a, **kw):
-        got.update(kw)
-        return {"concurrency": [1], "suffixd_vs_ls_best": {}}
-
-    monkeypatch.setattr(agent, "run_concurrency", run)
+    got = _captured_run(monkeypatch)
     corpus = tmp_path / "sql"
     corpus.mkdir()
     result = CliRunner().invoke(main, ["bench", "agent", _workload(tmp_path), "--concurrency",

@@ -17,11 +17,15 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "perfect_draft_oracle.py"
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("perfect_draft_oracle", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def _load(name: str = "perfect_draft_oracle") -> ModuleType:
+    sys.path.insert(0, str(SCRIPT.parent))  # the oracle imports step_log_summary beside it
+    try:
+        spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
     return module
 
 
@@ -50,9 +54,9 @@ def test_prompts_at_their_measured_rate_tokens_at_the_cheapest_shape() -> None:
 
 
 def test_a_log_is_cut_into_daemons_by_pauses() -> None:
-    oracle = _load()
+    summary = _load("step_log_summary")
     recs = [_step(t, 0.1, [0, 0, 1, 0, 1, 1, 1, 0]) for t in (0.0, 0.5, 10.0, 10.2)]
-    assert [len(r) for r in oracle.runs(recs, 2.5)] == [2, 2]
+    assert [len(r) for r in summary.split(recs, 2.5)] == [2, 2]
 
 
 def test_a_file_that_is_not_a_step_log_is_refused(tmp_path: Path) -> None:
@@ -67,11 +71,7 @@ def test_a_file_that_is_not_a_step_log_is_refused(tmp_path: Path) -> None:
 
 
 def test_mixed_steps_priced_as_their_parts_in_separate_steps() -> None:
-    spec = importlib.util.spec_from_file_location(
-        "step_log_summary", ROOT / "bench" / "step_log_summary.py")
-    assert spec is not None and spec.loader is not None
-    summary = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summary)
+    summary = _load("step_log_summary")
 
     def prompt_s(rows: int, pos: int) -> float:
         return 0.003 * rows + 0.0002 * rows * (pos + rows / 2) / 1000 + 0.01
