@@ -13,6 +13,9 @@ nothing. The profile is measured at short contexts, so at long ones the true pri
 token is higher and the bound lower than reachable. ``--against``: a wall time to
 compare (llama-server's best in the same run), reported as the best ratio any drafting
 could reach.
+
+Beside it, ``hindsight``: the same run with each draft cut to its accepted part (see
+``hindsight``), the bound for any policy choosing how much of the trees' drafts to verify.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from step_log_summary import split  # a script beside this one (bench/ is on sys.path)
+import numpy as np
+from step_log_summary import _decode_x, split  # scripts beside this one (bench/ is on sys.path)
 
 
 def best_seconds_per_token(costs: dict[str, Any]) -> tuple[float, int]:
@@ -66,6 +70,36 @@ def ceiling(run: list[dict[str, Any]], costs: dict[str, Any]) -> dict[str, float
     }
 
 
+def hindsight(run: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The run with every draft cut, in hindsight, to the part that was accepted: each
+    decoding sequence of each step verifies the rows it emitted and no more (a draft
+    wholly rejected: one row). The steps stay as they were (the same tokens are accepted
+    at the same steps), each priced less its rejected rows under a least-squares fit of
+    the run's own decode-only steps (rows, sequences, rows x context, a constant). The
+    best any draft-length policy could do with the drafts these trees offered; None with
+    under five decode-only steps to fit."""
+    x, y = [], []
+    for r in run:
+        if r["seqs"] and not any(s[1] for s in r["seqs"]):
+            x.append(_decode_x(r["seqs"]))
+            y.append(r["s"])
+    if len(y) < 5:
+        return None
+    coef = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)[0]
+    rejected = saved = 0.0
+    for r in run:
+        d = [s for s in r["seqs"] if not s[1]]
+        if not d:
+            continue
+        cut = [[*s[:5], min(s[5], max(1, s[6])), *s[6:]] for s in d]
+        rejected += sum(s[5] - c[5] for s, c in zip(d, cut, strict=True))
+        saved += float(np.dot(coef, _decode_x(d)) - np.dot(coef, _decode_x(cut)))
+    wall = run[-1]["t"] - run[0]["t"] + run[0]["s"]
+    return {"rejected_rows": rejected, "fit_s_per_row": float(coef[0]),
+            "fit_s_per_sequence": float(coef[1]), "fit_s_per_step": float(coef[3]),
+            "rejected_rows_s": saved, "hindsight_wall_s": wall - saved}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("log", type=Path)
@@ -80,10 +114,14 @@ def main() -> int:
     found = split(recs, args.gap)
     if not recs or args.run >= len(found):
         sys.exit(f"{args.log}: no run {args.run} ({len(found)} found)")
-    out = ceiling(found[args.run], json.loads(args.profile.read_text())["costs"])
+    out: dict[str, Any] = ceiling(found[args.run],
+                                  json.loads(args.profile.read_text())["costs"])
+    out["hindsight"] = hindsight(found[args.run])
     if args.against:
         out["against_s"] = args.against
         out["best_ratio"] = args.against / out["wall_floor_s"]
+        if out["hindsight"]:
+            out["hindsight"]["ratio"] = args.against / out["hindsight"]["hindsight_wall_s"]
     print(json.dumps(out, indent=1))
     return 0
 

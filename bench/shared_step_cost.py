@@ -3,7 +3,7 @@ time, and with every sequence padded to the longest (the shapes the step batcher
 
     python bench/shared_step_cost.py [--sequences 4] [--context 1600] [--ctx-size 32768]
                                      [--unified] [--shapes "1,1,1,1;4,4,4,4;2,8,12,10"]
-                                     [--flash-attn]
+                                     [--flash-attn] [--kv-type f16|f32]
 
 Sequence s holds context * (s + 1) / 2 random cached tokens (a KV stream each, as the
 daemon's verifier; --unified: one pool). Each shape is timed as one decode for all, as
@@ -29,8 +29,13 @@ from suffixd.daemon.model import embedded_model_path, extra_weight_buffers
 Rows = list[tuple[int, list[int], int, int]]  # (sequence, tokens, first position, outputs)
 
 
+KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32,
+            "bf16": 30, "q8_0": llama_cpp.GGML_TYPE_Q8_0}  # ggml.h: GGML_TYPE_BF16 = 30
+
+
 def open_streams(n: int, ctx_size: int, threads: int, unified: bool = False,
-                 flash_attn: bool = False) -> tuple[Callable[[Rows], None], Any]:
+                 flash_attn: bool = False,
+                 kv_type: str = "f16") -> tuple[Callable[[Rows], None], Any]:
     """The embedded model in a context of ``n`` sequences of ``ctx_size`` cells each (a KV
     stream each, as the daemon's verifier; ``unified``: one pool), without flash attention
     unless ``flash_attn``: a ``decode(rows)`` of it and its memory handle (kept alive by
@@ -49,6 +54,8 @@ def open_streams(n: int, ctx_size: int, threads: int, unified: bool = False,
     cp.swa_full = False
     cp.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                           else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    k_type, _, v_type = kv_type.partition("/")
+    cp.type_k, cp.type_v = KV_TYPES[k_type], KV_TYPES[v_type or k_type]
     ctx = _internals.LlamaContext(model=model, params=cp, verbose=False)
     batch = _internals.LlamaBatch(n_tokens=512, embd=0, n_seq_max=1, verbose=False)
     b = batch.batch
@@ -77,11 +84,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--unified", action="store_true")
     ap.add_argument("--flash-attn", action="store_true")
+    ap.add_argument("--kv-type", default="f16",
+                    help="the KV cache's types, K[/V], of " + ", ".join(KV_TYPES)
+                    + " (flash attention accumulates in F16 only with V f16)")
     ap.add_argument("--shapes", default="1;1,1;1,1,1,1;4,4,4,4;8,8,8,8;2,8,12,10;1,16,1,16")
     args = ap.parse_args()
     n = args.sequences
     decode, memory = open_streams(n, args.ctx_size, args.threads, args.unified,
-                                  args.flash_attn)
+                                  args.flash_attn, args.kv_type)
     rng = random.Random(0)
 
     lens = {}
@@ -109,7 +119,7 @@ def main() -> None:
                 for s, k in enumerate(shape)]
 
     kind = ("unified" if args.unified else "streams") + (", flash attention" if args.flash_attn
-                                                         else "")
+                                                         else "") + f", KV {args.kv_type}"
     print(f"{kind}, {n} sequences of {[lens[s] for s in range(n)]} cached tokens, "
           f"{args.threads} threads")
     print(f"{'rows per sequence':<20} {'one decode':>11} {'per sequence':>13} {'padded':>9}")

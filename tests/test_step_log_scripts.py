@@ -95,3 +95,34 @@ def test_mixed_steps_priced_as_their_parts_in_separate_steps() -> None:
     out = summary.price_mixed(log, log)
     assert out is not None and out["mixed_steps"] == 1
     assert out["took_s"] - out["separately_s"] == pytest.approx(0.5, abs=1e-6)
+
+
+def test_hindsight_prices_only_the_rejected_rows_under_the_runs_own_fit() -> None:
+    oracle = _load()
+
+    def decode_s(seqs: list[tuple[int, int]]) -> float:  # (rows, position) a sequence
+        return 0.02 + 0.005 * sum(r for r, _ in seqs) + 0.003 * len(seqs) + \
+            0.0002 * sum(r * p for r, p in seqs) / 1000
+
+    log, t, rejected, saved = [], 0.0, 0, 0.0
+    for i in range(10):
+        seqs = [(1 + i % 4, 400 + 50 * i), (1 + (i + 1) % 3, 800 + 30 * i)][: 1 + i % 2]
+        # (rows, position, emitted): up to 2 rows of a draft rejected
+        rows = [(r, p, max(1, r - i % 3)) for r, p in seqs]
+        t += 1
+        log.append(_step(t, decode_s(seqs), *[[j, 0, 9, 0, r, r, e, p]
+                                              for j, (r, p, e) in enumerate(rows)]))
+        rejected += sum(r - e for r, _, e in rows)
+        saved += decode_s(seqs) - decode_s([(e, p) for _, p, e in rows])
+    log.append(_step(t + 1, 0.7, [0, 1, 9, 0, 300, 300, 0, 2000]))  # a prompt: not touched
+    out = oracle.hindsight(log)
+    assert out is not None and out["rejected_rows"] == rejected > 0
+    assert out["fit_s_per_row"] == pytest.approx(0.005)
+    assert out["rejected_rows_s"] == pytest.approx(saved)
+    wall = log[-1]["t"] - log[0]["t"] + log[0]["s"]  # as ceiling() counts it
+    assert out["hindsight_wall_s"] == pytest.approx(wall - saved)
+
+
+def test_hindsight_needs_decode_steps_to_fit() -> None:
+    oracle = _load()
+    assert oracle.hindsight([_step(0.0, 1.0, [0, 1, 9, 0, 500, 500, 0, 0])]) is None
