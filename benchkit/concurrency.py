@@ -299,14 +299,18 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                     deterministic: bool | None = None, *,
                     draft_model: Path | None = None, ls_draft_model: Path | None = None,
                     ls_draft_max: int | None = None,
-                    warm_corpus: Path | None = None) -> dict[str, Any]:
+                    warm_corpus: Path | None = None,
+                    llama_server_first: bool = False) -> dict[str, Any]:
     """Every level, every system, a fresh server each; the figures as one JSON object
     (with ``certifier``, suffixd's answers certified once the servers are stopped;
     ``deterministic``: the daemons' mode, see the module docstring; ``draft_model``: the
     daemons' ``--draft-model``, its policy's decisions reported per level;
     ``ls_draft_model``: llama-server drafting with it too, "ls-draft", ``ls_draft_max``
     its longest draft; ``warm_corpus``: every suffixd daemon warmed with ``suffixd warm
-    --corpus`` before its timed run, as a long-running one would have been)."""
+    --corpus`` before its timed run, as a long-running one would have been;
+    ``llama_server_first``: at each level llama-server's servers run before suffixd's
+    daemon, so that repeats in alternating order cancel a machine's drift between the two
+    parts of a level)."""
     import openai
 
     from ..daemon.generation.chat import ChatRenderer
@@ -341,64 +345,72 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
     # level is judged against it, so that N at once slower than one at a time shows
     suffixd_levels = levels if 1 in levels else [1, *levels]
     mode_args = daemon_mode_args(deterministic)
+    def run_suffixd(n: int) -> None:
+        (tmp / f"n{n}").mkdir()
+        slots = n if n > 4 else None
+        data = tmp / f"n{n}" / "data"
+        kept = reuse_profile(profiles, data, slots)
+        daemon = start_daemon(data, model, threads, n_ctx, kv_slots=slots,
+                              extra_args=mode_args, draft_model=draft_model)
+        target = daemon.target
+        try:
+            wait_measured(daemon.proc, target)
+            keep_profile(data, kept)
+            warmed = warm(target, warm_corpus) if warm_corpus is not None else None
+            oai = openai.OpenAI(base_url=daemon.http, api_key="none", max_retries=0,
+                                timeout=1800)
+
+            ids = answers.setdefault(n, {})
+
+            def ask(session: str, t: PlannedTurn, oai: Any = oai,
+                    ids: dict[tuple[str, int], list[int]] = ids) -> tuple[int, float, str]:
+                r = oai.chat.completions.create(
+                    model="default", messages=t.messages,
+                    temperature=0, max_tokens=max_tokens, extra_headers={
+                        "X-Suffixd-Namespace": NAMESPACE,
+                        "X-Suffixd-Session": session},
+                    extra_body={"return_token_ids": True})
+                ids[(session, t.index)] = (r.choices[0].model_extra or {})["token_ids"]
+                extra = (r.model_extra or {}).get("suffixd", {})
+                return (r.usage.completion_tokens if r.usage else 0,
+                        float(extra.get("decode_seconds", 0.0)),
+                        r.choices[0].message.content or "")
+
+            flat = measure("suffixd", n, ask)
+            texts[n] = {(r.session, r.index): r.text for r in flat}
+            results["suffixd"][n]["batching"] = batching(target)
+            if warmed is not None:
+                results["suffixd"][n]["warm"] = warmed
+            if draft_model is not None:
+                results["suffixd"][n]["draft_model"] = draft_model_stats(target)
+        finally:
+            daemon.stop(30)
+
+    def run_llama_server(n: int) -> None:
+        if not llama_server or n not in levels:
+            return
+        servers = start_servers(llama_server, model_path, threads=threads, n_ctx=n_ctx,
+                                spec_types_wanted=spec_types, flash_attn=ls_flash_attn,
+                                plain=ls_plain, n_parallel=n,
+                                draft_model=ls_draft_model, draft_max=ls_draft_max)
+        try:
+            for name, srv in servers.items():
+                def complete(session: str, t: PlannedTurn, srv: Any = srv
+                             ) -> tuple[int, float, str]:
+                    turn = srv.complete(t.prompt, max_tokens)
+                    return turn.predicted_n, turn.decode_s, ""
+
+                measure(name, n, complete)
+        finally:
+            for srv in servers.values():
+                srv.close()
+
+    parts = [run_llama_server, run_suffixd] if llama_server_first else \
+        [run_suffixd, run_llama_server]
     try:
         for n in suffixd_levels:
-            (tmp / f"n{n}").mkdir()
-            slots = n if n > 4 else None
-            data = tmp / f"n{n}" / "data"
-            kept = reuse_profile(profiles, data, slots)
-            daemon = start_daemon(data, model, threads, n_ctx, kv_slots=slots,
-                                  extra_args=mode_args, draft_model=draft_model)
-            target = daemon.target
-            try:
-                wait_measured(daemon.proc, target)
-                keep_profile(data, kept)
-                warmed = warm(target, warm_corpus) if warm_corpus is not None else None
-                oai = openai.OpenAI(base_url=daemon.http, api_key="none", max_retries=0,
-                                    timeout=1800)
-
-                ids = answers.setdefault(n, {})
-
-                def ask(session: str, t: PlannedTurn, oai: Any = oai,
-                        ids: dict[tuple[str, int], list[int]] = ids) -> tuple[int, float, str]:
-                    r = oai.chat.completions.create(
-                        model="default", messages=t.messages,
-                        temperature=0, max_tokens=max_tokens, extra_headers={
-                            "X-Suffixd-Namespace": NAMESPACE,
-                            "X-Suffixd-Session": session},
-                        extra_body={"return_token_ids": True})
-                    ids[(session, t.index)] = (r.choices[0].model_extra or {})["token_ids"]
-                    extra = (r.model_extra or {}).get("suffixd", {})
-                    return (r.usage.completion_tokens if r.usage else 0,
-                            float(extra.get("decode_seconds", 0.0)),
-                            r.choices[0].message.content or "")
-
-                flat = measure("suffixd", n, ask)
-                texts[n] = {(r.session, r.index): r.text for r in flat}
-                results["suffixd"][n]["batching"] = batching(target)
-                if warmed is not None:
-                    results["suffixd"][n]["warm"] = warmed
-                if draft_model is not None:
-                    results["suffixd"][n]["draft_model"] = draft_model_stats(target)
-            finally:
-                daemon.stop(30)
-            if not llama_server or n not in levels:
-                continue
-            servers = start_servers(llama_server, model_path, threads=threads, n_ctx=n_ctx,
-                                    spec_types_wanted=spec_types, flash_attn=ls_flash_attn,
-                                    plain=ls_plain, n_parallel=n,
-                                    draft_model=ls_draft_model, draft_max=ls_draft_max)
-            try:
-                for name, srv in servers.items():
-                    def complete(session: str, t: PlannedTurn, srv: Any = srv
-                                 ) -> tuple[int, float, str]:
-                        turn = srv.complete(t.prompt, max_tokens)
-                        return turn.predicted_n, turn.decode_s, ""
-
-                    measure(name, n, complete)
-            finally:
-                for srv in servers.values():
-                    srv.close()
+            for part in parts:
+                part(n)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     certified = certifier.verdicts(plan, answers) if certifier is not None else None
@@ -406,10 +418,12 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
     return {"workload": str(workload), "sessions": len(plan),
             "turns": sum(len(t) for _, t in plan), "skipped_turns": skipped, "n_ctx": n_ctx,
             "max_tokens": max_tokens, "threads": threads, "concurrency": levels,
-            "deterministic": deterministic,
+            "deterministic": deterministic, "llama_server_first": llama_server_first,
             "draft_model": str(draft_model) if draft_model else None,
             "ls_draft_model": str(ls_draft_model) if ls_draft_model else None,
-            "results": {s: {str(n): v for n, v in r.items()} for s, r in results.items()},
+            # suffixd first, whichever side ran first
+            "results": {s: {str(n): v for n, v in results[s].items()}
+                        for s in sorted(results, key=lambda s: s != "suffixd")},
             **ratios(results, levels), "greedy_same": greedy_same(texts, levels),
             "parted": partings(answers, levels),
             **({"certified": certified,
@@ -444,7 +458,8 @@ def report_lines(out: dict[str, Any]) -> list[str]:
     add = lines.append
     if "runs" in out:
         for k, run in enumerate(out["runs"], 1):
-            add(f"--- run {k} of {len(out['runs'])}")
+            add(f"--- run {k} of {len(out['runs'])}"
+                + (", llama-server first at each level" if run.get("llama_server_first") else ""))
             lines += report_lines(run)
         for n, r in out["repeat_summary"].items():
             c = r.get("certified")

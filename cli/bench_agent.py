@@ -62,7 +62,8 @@ def report(out: dict[str, Any]) -> None:
                    "reuse them across levels and runs [a folder of this run].")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 20),
               help="With --concurrency: run every level this many times and report the "
-                   "ratios' mean and spread.")
+                   "ratios' mean and spread; every second run times llama-server before "
+                   "suffixd, so that the machine's drift within a level cancels.")
 @click.option("--certify/--no-certify", default=True, show_default=True,
               help="With --concurrency: after the timed runs, judge suffixd's answers against "
                    "plain decoding of the same prompts (identical, near-tie, diverged).")
@@ -121,8 +122,9 @@ def agent_bench(workload: Path, sessions: int, max_tokens: int, model: str | Non
                                     n_ctx, threads, llama_server, spec_types, ls_flash_attn,
                                     ls_plain, profiles, certifier, mode,
                                     draft_model=draft_model, ls_draft_model=ls_draft_model,
-                                    ls_draft_max=ls_draft_max, warm_corpus=warm_corpus)
-                    for _ in range(repeat)]
+                                    ls_draft_max=ls_draft_max, warm_corpus=warm_corpus,
+                                    llama_server_first=bool(i % 2))
+                    for i in range(repeat)]
         except RuntimeError as exc:  # the certification's deterministic mode did not hold
             raise click.ClickException(str(exc)) from None
         c_out = runs[0] if repeat == 1 else {"runs": runs,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -388,12 +389,12 @@ def test_draft_models_reach_the_daemons_and_llama_server(monkeypatch, tmp_path) 
                                        "--ls-draft-model", str(q4), "--ls-draft-max", "4"])
     assert result.exit_code == 0, result.output
     assert got == {"draft_model": q4, "ls_draft_model": q4, "ls_draft_max": 4,
-                   "warm_corpus": None}
+                   "warm_corpus": None, "llama_server_first": False}
     got.clear()
     CliRunner().invoke(main, ["bench", "agent", _workload(tmp_path), "--concurrency", "1",
                               "--no-certify", "--json"])
     assert got == {"draft_model": None, "ls_draft_model": None, "ls_draft_max": None,
-                   "warm_corpus": None}
+                   "warm_corpus": None, "llama_server_first": False}
 
 
 def test_a_warm_corpus_reaches_the_daemons_and_needs_concurrency(monkeypatch, tmp_path) -> None:
@@ -408,6 +409,24 @@ def test_a_warm_corpus_reaches_the_daemons_and_needs_concurrency(monkeypatch, tm
     result = CliRunner().invoke(main, ["bench", "agent", _workload(tmp_path),
                                        "--warm-corpus", str(corpus)])
     assert result.exit_code != 0 and "only with --concurrency" in result.output
+
+
+def test_repeats_alternate_which_side_of_a_level_runs_first(monkeypatch, tmp_path) -> None:
+    import suffixd.cli.bench_agent as agent
+
+    firsts: list[bool] = []
+
+    def run(*a, **kw):
+        firsts.append(kw["llama_server_first"])
+        return {"concurrency": [1], "suffixd_vs_ls_best": {"1": 1.0 + len(firsts) / 10}}
+
+    monkeypatch.setattr(agent, "run_concurrency", run)
+    result = CliRunner().invoke(main, ["bench", "agent", _workload(tmp_path), "--concurrency",
+                                       "1", "--no-certify", "--json", "--repeat", "4"])
+    assert result.exit_code == 0, result.output
+    assert firsts == [False, True, False, True]
+    assert json.loads(result.output)["repeat_summary"]["1"]["suffixd_vs_ls_best"] == [
+        1.1, 1.2, 1.3, 1.4]
 
 
 def test_a_warm_that_fails_is_a_bench_error_with_its_message(tmp_path) -> None:
