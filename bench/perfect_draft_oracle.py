@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from step_log_summary import _decode_x, split  # scripts beside this one (bench/ is on sys.path)
+from step_log_summary import _decode_x, decode_fit, split  # scripts beside this one
 
 
 def best_seconds_per_token(costs: dict[str, Any]) -> tuple[float, int]:
@@ -78,14 +78,9 @@ def hindsight(run: list[dict[str, Any]]) -> dict[str, float] | None:
     the run's own decode-only steps (rows, sequences, rows x context, a constant). The
     best any draft-length policy could do with the drafts these trees offered; None with
     under five decode-only steps to fit."""
-    x, y = [], []
-    for r in run:
-        if r["seqs"] and not any(s[1] for s in r["seqs"]):
-            x.append(_decode_x(r["seqs"]))
-            y.append(r["s"])
-    if len(y) < 5:
+    coef, fitted = decode_fit(run)
+    if fitted < 5:
         return None
-    coef = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)[0]
     rejected = saved = 0.0
     for r in run:
         d = [s for s in r["seqs"] if not s[1]]

@@ -3,7 +3,7 @@ time, and with every sequence padded to the longest (the shapes the step batcher
 
     python bench/shared_step_cost.py [--sequences 4] [--context 1600] [--ctx-size 32768]
                                      [--unified] [--shapes "1,1,1,1;4,4,4,4;2,8,12,10"]
-                                     [--flash-attn] [--kv-type f16|f32]
+                                     [--flash-attn] [--kv-type K[/V]]
 
 Sequence s holds context * (s + 1) / 2 random cached tokens (a KV stream each, as the
 daemon's verifier; --unified: one pool). Each shape is timed as one decode for all, as
@@ -11,6 +11,8 @@ one decode per sequence, and padded to equal rows (logits for the real rows only
 median of 5 repetitions after a warm-up; the rows are rolled back after each.
 ``--flash-attn``: with llama.cpp's CPU flash attention, as llama-server runs by default
 (the verifier keeps it off: see daemon/generation/verifier.py), to price what it buys.
+``--kv-type``: the KV cache's types, e.g. ``f16/bf16`` (with V not F16 llama.cpp's flash
+attention accumulates in F32).
 """
 
 from __future__ import annotations

@@ -64,12 +64,23 @@ def _decode_x(seqs: list[list[int]]) -> list[float]:
     return [sum(x[5] for x in seqs), len(seqs), sum(x[5] * x[7] for x in seqs) / 1000, 1]
 
 
+def decode_fit(run: list[dict[str, Any]]) -> tuple[np.ndarray, int]:
+    """Least squares of the run's decode-only steps' seconds on ``_decode_x`` (rows,
+    sequences, rows x context, a constant), and how many steps it fitted (the
+    coefficients are zeros with none)."""
+    steps = [r for r in run if r["seqs"] and not any(s[1] for s in r["seqs"])]
+    if not steps:
+        return np.zeros(4), 0
+    x = np.array([_decode_x(r["seqs"]) for r in steps])
+    return np.linalg.lstsq(x, np.array([r["s"] for r in steps]), rcond=None)[0], len(steps)
+
+
 def price_mixed(run: list[dict[str, Any]], pooled: list[dict[str, Any]]
                 ) -> dict[str, float] | None:
     """The mixed steps' seconds of ``run`` against their parts priced by the fits
     (``--mixed``; prompt-only steps from ``pooled``), or None where there are too few
     steps of either kind to fit."""
-    prompt_x, prompt_y, decode_x, decode_y, mixed = [], [], [], [], []
+    prompt_x, prompt_y, mixed = [], [], []
     for r in pooled:
         if all(x[1] for x in r["seqs"]):
             prompt_x.append(_prompt_x(r["seqs"]))
@@ -79,18 +90,15 @@ def price_mixed(run: list[dict[str, Any]], pooled: list[dict[str, Any]]
         d = [x for x in r["seqs"] if not x[1]]
         if p and d:
             mixed.append((p, d, r["s"]))
-        elif d:
-            decode_x.append(_decode_x(d))
-            decode_y.append(r["s"])
-    if len(prompt_y) < 4 or len(decode_y) < 5 or not mixed:
+    cd, decode_steps = decode_fit(run)
+    if len(prompt_y) < 4 or decode_steps < 5 or not mixed:
         return None
     cp = np.linalg.lstsq(np.array(prompt_x), np.array(prompt_y), rcond=None)[0]
-    cd = np.linalg.lstsq(np.array(decode_x), np.array(decode_y), rcond=None)[0]
     priced = sum(float(np.dot(cp, _prompt_x(p)) + np.dot(cd, _decode_x(d)))
                  for p, d, _ in mixed)
     took = sum(s for _, _, s in mixed)
     return {"mixed_steps": len(mixed), "took_s": took, "separately_s": priced,
-            "fitted_prompt_steps": len(prompt_y), "fitted_decode_steps": len(decode_y)}
+            "fitted_prompt_steps": len(prompt_y), "fitted_decode_steps": decode_steps}
 
 
 def main() -> int:

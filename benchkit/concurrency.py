@@ -345,6 +345,7 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
     # level is judged against it, so that N at once slower than one at a time shows
     suffixd_levels = levels if 1 in levels else [1, *levels]
     mode_args = daemon_mode_args(deterministic)
+
     def run_suffixd(n: int) -> None:
         (tmp / f"n{n}").mkdir()
         slots = n if n > 4 else None
