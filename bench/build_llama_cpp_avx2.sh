@@ -22,14 +22,20 @@ if [ -f "$target/.version" ] && [ "$(cat "$target/.version")" = "$version" ]; th
   echo "$target"
   exit 0
 fi
-rm -rf "$target"
 say "building llama-cpp-python $version with AVX2 kernels into $target (minutes)"
-# --no-cache-dir: pip's wheel cache is keyed by the sdist, not by CMAKE_ARGS, and would hand
-# back the native build. The multimodal library (LLAVA_BUILD) is not used by suffixd.
+# The multimodal library (LLAVA_BUILD) is not used by suffixd. A patched build (version
+# +suffixd.fa32, scripts/install_llama_cpp.sh) is built again from the same source and
+# patch; pip's wheel cache is keyed by the sdist, not by CMAKE_ARGS, so it is not used.
 . bench/avx2_kernels.sh
-CMAKE_ARGS="${AVX2_KERNELS[*]} -DLLAVA_BUILD=OFF" \
-  "$python" -m pip install --disable-pip-version-check --no-cache-dir --no-deps \
-  --target "$target" "llama-cpp-python==$version" >&2
+if [[ "$version" == *+suffixd.fa32 ]]; then
+  CMAKE_ARGS="${AVX2_KERNELS[*]} -DLLAVA_BUILD=OFF" PYTHON="$python" \
+    bash scripts/install_llama_cpp.sh --target "$target" >&2
+else
+  rm -rf "$target"
+  CMAKE_ARGS="${AVX2_KERNELS[*]} -DLLAVA_BUILD=OFF" \
+    "$python" -m pip install --disable-pip-version-check --no-cache-dir --no-deps \
+    --target "$target" "llama-cpp-python==$version" >&2
+fi
 features="$(PYTHONPATH="$target" "$python" -c \
   'import llama_cpp; print(llama_cpp.llama_print_system_info().decode())')"
 say "system info: $features"

@@ -10,7 +10,8 @@ daemon's verifier; --unified: one pool). Each shape is timed as one decode for a
 one decode per sequence, and padded to equal rows (logits for the real rows only), the
 median of 5 repetitions after a warm-up; the rows are rolled back after each.
 ``--flash-attn``: with llama.cpp's CPU flash attention, as llama-server runs by default
-(the verifier keeps it off: see daemon/generation/verifier.py), to price what it buys.
+(the verifier runs it only on the build that sums it in F32: see
+daemon/generation/verifier.py), to price what it buys.
 ``--kv-type``: the KV cache's types, e.g. ``f16/bf16`` (with V not F16 llama.cpp's flash
 attention accumulates in F32).
 """

@@ -56,6 +56,24 @@ def test_extra_weight_buffers_follow_the_build_and_the_override(
     assert extra_weight_buffers() is False
 
 
+def test_flash_attention_only_on_the_build_that_sums_in_f32(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stock llama.cpp's CPU flash attention sums in F16 and parts drafted output from plain
+    decoding: the verifier may run it only on scripts/install_llama_cpp.sh's build, and
+    the operator can still turn it off there."""
+    import llama_cpp
+    from suffixd.daemon.model import flash_attention_sums_f32
+
+    monkeypatch.delenv("SUFFIXD_FLASH_ATTN", raising=False)
+    monkeypatch.setattr(llama_cpp, "__version__", "0.3.36")
+    assert flash_attention_sums_f32() is False
+    monkeypatch.setattr(llama_cpp, "__version__", "0.3.36+suffixd.fa32")
+    assert flash_attention_sums_f32() is True
+    monkeypatch.setenv("SUFFIXD_FLASH_ATTN", "off")
+    assert flash_attention_sums_f32() is False
+
+
 def test_llama_defaults_reach_llama_cpp_llama(monkeypatch: pytest.MonkeyPatch) -> None:
     """llama_cpp.Llama has no use_extra_bufts argument (unknown keywords are ignored):
     llama_defaults sets it through the defaults Llama reads, and restores them."""

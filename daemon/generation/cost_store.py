@@ -92,6 +92,7 @@ def profile_key(
     draft_model: Path | None = None,
     sizes: int = COST_SIZES,
     deterministic: bool = False,
+    flash_attention: bool = False,
 ) -> dict[str, Any]:
     """What a measured profile depends on. ``n_ctx`` (per slot) sets the measurement's
     context length when small; ``n_slots`` the context's KV streams; ``extra_buffers``
@@ -100,7 +101,8 @@ def profile_key(
     ``rounds`` how many repetitions the fastest time was taken over; ``sizes`` the largest
     batch timed (a key without it is the default's, so stored profiles stay valid);
     ``deterministic`` the verifier's deterministic mode (other kernels, padded one-row
-    decodes; in the key only when on, for the same reason)."""
+    decodes; in the key only when on, for the same reason); ``flash_attention`` whether the
+    verifier runs llama.cpp's flash attention (other attention kernels; only when on)."""
     import llama_cpp
 
     try:
@@ -134,6 +136,8 @@ def profile_key(
         key["sizes"] = sizes
     if deterministic:
         key["deterministic"] = True
+    if flash_attention:
+        key["flash_attention"] = True
     return key
 
 

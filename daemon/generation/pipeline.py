@@ -210,6 +210,7 @@ class Runtime:
                               n_slots=v.n_slots, n_gpu_layers=n_gpu_layers,
                               extra_buffers=v.extra_buffers, rounds=self.rounds,
                               sizes=self.sizes, deterministic=v.deterministic,
+                              flash_attention=v.flash_attention,
                               draft_model=Path(draft_path) if draft_path else None)
         except OSError as exc:  # the model file went away after loading: measure, keep none
             log.warning("verifier costs will not be stored: %s", exc)

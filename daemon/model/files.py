@@ -95,6 +95,29 @@ def extra_weight_buffers() -> bool:
     return "AMX_INT8 = 1" not in info
 
 
+# The version suffix of the llama-cpp-python that scripts/install_llama_cpp.sh builds:
+# llama.cpp's CPU flash attention patched to sum in F32.
+FLASH_ATTENTION_F32_BUILD = "+suffixd.fa32"
+
+
+def flash_attention_sums_f32() -> bool:
+    """Whether the verifier may run llama.cpp's CPU flash attention: only on the build of
+    scripts/install_llama_cpp.sh (its version ends ``+suffixd.fa32``). Stock llama.cpp
+    (0.3.36) sums the weighted V rows of batches under 64 rows, and of one-row decodes
+    past 512 cached tokens, in F16: on gemma-3 that moved a logit by 9.25 and flipped an
+    argmax depending on how a history was batched (tests/test_verifier_batch_invariance.py),
+    so drafted output parted from plain decoding. Summed in F32 it stays within the
+    numerics of the path without flash attention, and a batch of rows from several
+    sequences costs 7-18% less (BENCHMARKS.md). ``SUFFIXD_FLASH_ATTN=off`` keeps it off
+    on the patched build too (for comparisons)."""
+    if os.environ.get("SUFFIXD_FLASH_ATTN", "auto").strip().lower() in ("off", "0", "false",
+                                                                         "no"):
+        return False
+    import llama_cpp
+
+    return str(getattr(llama_cpp, "__version__", "")).endswith(FLASH_ATTENTION_F32_BUILD)
+
+
 def use_batch_invariant_kernels() -> None:
     """Turn off ggml-cpu's tiled K-quant matrix product (``GGML_CPU_TILED_MM=0``) for this
     process: it takes over from ggml's row-by-row dot products at 8 rows of activations

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Installs llama-cpp-python 0.3.36 compiled from its PyPI source with one patch of ours
+# (patches/llama-cpp-python-0.3.36-fa-f32.patch): llama.cpp's CPU flash attention sums
+# the weighted V rows in F32 instead of F16. Stock, that sum rounds and overflows on long
+# contexts, and only batches of under 64 rows take it, so a row's logits depend on how its
+# batch was cut and speculative decoding would part from plain decoding. The patched
+# build reports version 0.3.36+suffixd.fa32; the verifier turns flash attention on only
+# there (daemon/model/files.py: flash_attention_sums_f32). suffixd works on a stock
+# llama-cpp-python too, without flash attention.
+#
+#   bash scripts/install_llama_cpp.sh                  # into the active environment
+#   bash scripts/install_llama_cpp.sh --target DIR     # into DIR (PYTHONPATH=DIR), no deps
+#
+# CMAKE_ARGS pass through (default -DLLAVA_BUILD=OFF: suffixd does not use llama.cpp's
+# multimodal library, and the compile is shorter without it). Does nothing when the
+# patched version is already there. Needs the package index (the source) and a compiler.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+version=0.3.36
+patched="$version+suffixd.fa32"
+python="${PYTHON:-python3}"
+target=""
+if [ "${1:-}" = "--target" ]; then target="$2"; fi
+say() { echo "install_llama_cpp: $*" >&2; }
+
+version_of() {  # the llama-cpp-python in $target, else the environment's
+  if [ -n "$target" ]; then
+    sed -n 's/^__version__ = "\(.*\)"/\1/p' "$target/llama_cpp/__init__.py" 2>/dev/null || true
+  else
+    "$python" -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null || true
+  fi
+}
+installed="$(version_of)"
+if [ "$installed" = "$patched" ]; then
+  say "llama-cpp-python $patched already installed${target:+ in $target}"
+  exit 0
+fi
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+"$python" -m pip download --disable-pip-version-check --no-deps --no-binary :all: -q \
+  -d "$work" "llama-cpp-python==$version"
+tar -xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work"
+src="$work/llama_cpp_python-$version"
+patch_file="$root/patches/llama-cpp-python-$version-fa-f32.patch"
+if command -v git >/dev/null 2>&1; then
+  git -C "$src" apply -p1 "$patch_file"
+else
+  patch -d "$src" -p1 < "$patch_file"
+fi
+say "compiling llama-cpp-python $patched${target:+ into $target} (minutes)"
+export CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}"
+if [ -n "$target" ]; then
+  rm -rf "$target"
+  "$python" -m pip install --disable-pip-version-check --no-cache-dir --no-deps -q \
+    --target "$target" "$src"
+else
+  "$python" -m pip install --disable-pip-version-check --no-cache-dir -q "$src"
+fi
+installed="$(version_of)"
+[ "$installed" = "$patched" ] || { say "installed $installed, not $patched"; exit 1; }
+say "installed llama-cpp-python $patched${target:+ in $target}"
