@@ -17,8 +17,12 @@ numerics and under half the fault.
 
 The fault is llama.cpp's F16 accumulator for the weighted V rows. On the build of
 scripts/install_llama_cpp.sh, which sums them in F32, the verifier runs flash attention,
-and the test runs both ways there (AMD EPYC, stock kernel turned on: a top logit 9.25
-off and an argmax flipped; patched: within the bounds)."""
+and the test runs both ways there. AMD EPYC (Zen 4), splits of 1-63, 64, 80 and 96
+tokens, top-logit / any-logit drift, no argmax flipped in any: without flash attention
+1.82 / 2.71 (AVX-512 kernels) and 1.58 / 2.05 (AVX2); patched flash attention 1.45 /
+2.93 and 2.74 / 4.75 (AVX2, at 40 tokens). The stock kernel on AVX2 at this test's splits:
+9.53 / 10.46 and 2 argmax flipped. The bounds: about 1.5x the numerics, under half and
+0.6x the fault."""
 
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ from tests.conftest import THREADS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "batching_history.json"
 
-# Batch numerics reach 0.82 on a top logit and 1.98 on any logit (docstring); the fault 8.3.
-TOP_LOGIT_DRIFT = 2.0
-ROW_DRIFT = 4.0
+# Batch numerics reach 2.74 on a top logit and 4.75 on any logit (docstring); the fault
+# 8.3-9.5 and 10.5.
+TOP_LOGIT_DRIFT = 4.0
+ROW_DRIFT = 6.0
 
 
 @pytest.fixture(scope="module")
