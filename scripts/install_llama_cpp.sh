@@ -4,9 +4,9 @@
 # the weighted V rows in F32 instead of F16. Stock, that sum rounds and overflows on long
 # contexts, and only batches of under 64 rows take it, so a row's logits depend on how its
 # batch was cut and speculative decoding would part from plain decoding. The patched
-# build reports version 0.3.36+suffixd.fa32; the verifier turns flash attention on only
-# there (daemon/model/files.py: flash_attention_sums_f32). suffixd works on a stock
-# llama-cpp-python too, without flash attention.
+# build reports version 0.3.36+suffixd.fa32; only there may the verifier run flash
+# attention, when SUFFIXD_FLASH_ATTN=on asks (daemon/model/files.py). suffixd works on a
+# stock llama-cpp-python too, without flash attention.
 #
 #   bash scripts/install_llama_cpp.sh                  # into the active environment
 #   bash scripts/install_llama_cpp.sh --target DIR     # into DIR (PYTHONPATH=DIR), no deps

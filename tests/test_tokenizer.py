@@ -56,22 +56,26 @@ def test_extra_weight_buffers_follow_the_build_and_the_override(
     assert extra_weight_buffers() is False
 
 
-def test_flash_attention_only_on_the_build_that_sums_in_f32(
-    monkeypatch: pytest.MonkeyPatch,
+def test_flash_attention_only_when_asked_and_only_on_the_build_that_sums_in_f32(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Stock llama.cpp's CPU flash attention sums in F16 and parts drafted output from plain
-    decoding: the verifier may run it only on scripts/install_llama_cpp.sh's build, and
-    the operator can still turn it off there."""
+    decoding: the verifier runs it only when the operator asks and only on
+    scripts/install_llama_cpp.sh's build; asked on a stock build, it says why not."""
     import llama_cpp
-    from suffixd.daemon.model import flash_attention_sums_f32
+    from suffixd.daemon.model import flash_attention_sums_f32, flash_attention_wanted
 
     monkeypatch.delenv("SUFFIXD_FLASH_ATTN", raising=False)
-    monkeypatch.setattr(llama_cpp, "__version__", "0.3.36")
-    assert flash_attention_sums_f32() is False
     monkeypatch.setattr(llama_cpp, "__version__", "0.3.36+suffixd.fa32")
     assert flash_attention_sums_f32() is True
-    monkeypatch.setenv("SUFFIXD_FLASH_ATTN", "off")
+    assert flash_attention_wanted() is False  # off unless asked
+    monkeypatch.setenv("SUFFIXD_FLASH_ATTN", "on")
+    assert flash_attention_wanted() is True
+    monkeypatch.setattr(llama_cpp, "__version__", "0.3.36")
     assert flash_attention_sums_f32() is False
+    with caplog.at_level("WARNING"):
+        assert flash_attention_wanted() is False
+    assert "install_llama_cpp.sh" in caplog.text
 
 
 def test_llama_defaults_reach_llama_cpp_llama(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -47,7 +47,7 @@ import numpy as np
 
 from ..model import (
     extra_weight_buffers,
-    flash_attention_sums_f32,
+    flash_attention_wanted,
     use_batch_invariant_kernels,
 )
 from ..model.llama_log import route_llama_logs
@@ -152,15 +152,16 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         # every layer's KV for the whole context, as the full-attention ones, and
         # attention over all of it (a decoded token 1.86x dearer at 8k tokens, BENCHMARKS).
         cparams.swa_full = deterministic
-        # Flash attention only where llama.cpp sums it in F32 (our patched build): stock
-        # 0.3.36 sums batches of under 64 rows in F16, which can leave a wrong K/V row in
-        # the cache (a 32-token batch ending at position 4194 of a spider_dev session made
-        # a later step's logits 20.7 where every other batching of the same tokens gives
-        # 12.4), so a drafted turn parted from plain decoding
+        # Flash attention only when asked (SUFFIXD_FLASH_ATTN=on: it pays in some regimes
+        # only, model.flash_attention_wanted) and where llama.cpp sums it in F32 (our
+        # patched build): stock 0.3.36 sums batches of under 64 rows in F16, which can
+        # leave a wrong K/V row in the cache (a 32-token batch ending at position 4194 of
+        # a spider_dev session made a later step's logits 20.7 where every other batching
+        # of the same tokens gives 12.4), so a drafted turn parted from plain decoding
         # (tests/test_verifier_batch_invariance.py). Not in deterministic mode (its tiled
         # path for 64 rows and more sums in another order than the one under 64), nor with
         # layers on a GPU (another kernel, not checked here).
-        self.flash_attention = (flash_attention_sums_f32() and not deterministic
+        self.flash_attention = (flash_attention_wanted() and not deterministic
                                 and n_gpu_layers == 0)
         cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
                                    if self.flash_attention

@@ -8,10 +8,13 @@ directory so that a fresh machine needs no download.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
 
@@ -101,21 +104,35 @@ FLASH_ATTENTION_F32_BUILD = "+suffixd.fa32"
 
 
 def flash_attention_sums_f32() -> bool:
-    """Whether the verifier may run llama.cpp's CPU flash attention: only on the build of
-    scripts/install_llama_cpp.sh (its version ends ``+suffixd.fa32``). Stock llama.cpp
-    (0.3.36) sums the weighted V rows of batches under 64 rows, and of one-row decodes
-    past 512 cached tokens, in F16: on gemma-3 that moved a logit by 9.25 and flipped an
-    argmax depending on how a history was batched (tests/test_verifier_batch_invariance.py),
-    so drafted output parted from plain decoding. Summed in F32 it stays within the
-    numerics of the path without flash attention, and a batch of rows from several
-    sequences costs 7-18% less (BENCHMARKS.md). ``SUFFIXD_FLASH_ATTN=off`` keeps it off
-    on the patched build too (for comparisons)."""
-    if os.environ.get("SUFFIXD_FLASH_ATTN", "auto").strip().lower() in ("off", "0", "false",
-                                                                         "no"):
-        return False
+    """Whether the installed llama.cpp's CPU flash attention is safe for the verifier: only
+    the build of scripts/install_llama_cpp.sh (its version ends ``+suffixd.fa32``) sums the
+    weighted V rows in F32. Stock llama.cpp (0.3.36) sums batches of under 64 rows, and
+    one-row decodes past 512 cached tokens, in F16: on gemma-3 that moved a logit by 9.25
+    and flipped an argmax depending on how a history was batched
+    (tests/test_verifier_batch_invariance.py), so drafted output parted from plain
+    decoding."""
     import llama_cpp
 
     return str(getattr(llama_cpp, "__version__", "")).endswith(FLASH_ATTENTION_F32_BUILD)
+
+
+def flash_attention_wanted() -> bool:
+    """Whether the verifier runs flash attention: ``SUFFIXD_FLASH_ATTN=on`` on the build
+    that sums it in F32, else off (on a stock build the request is refused with a
+    warning). Off by default because it pays only in some regimes (BENCHMARKS.md, issue
+    45, AMD EPYC): the steps of 8 sequences of 1-2k tokens cost 8% less, but with
+    contexts of 1-6k tokens and several rows per sequence each row walks the whole
+    context alone (llama.cpp's row-by-row path under 64 rows), and the steps of
+    four coding-agent sessions with long tool outputs cost 4-14% more."""
+    if os.environ.get("SUFFIXD_FLASH_ATTN", "off").strip().lower() not in ("on", "1", "true",
+                                                                           "yes"):
+        return False
+    if flash_attention_sums_f32():
+        return True
+    log.warning("SUFFIXD_FLASH_ATTN=on refused: this llama-cpp-python's flash attention sums "
+                "in F16 and parts drafted output from plain decoding; install it with "
+                "scripts/install_llama_cpp.sh")
+    return False
 
 
 def use_batch_invariant_kernels() -> None:
