@@ -16,6 +16,7 @@ token flipped, and the worst splits. ``on`` needs the build of scripts/install_l
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -36,9 +37,10 @@ def main() -> None:
     from suffixd.daemon.generation.verifier import Verifier
     from suffixd.daemon.model import embedded_model_path
 
-    from tests.test_verifier_batch_invariance import FIXTURE, _step_rows
-
-    case = json.loads(FIXTURE.read_text())
+    # the test's own fixture and helper (imported by name: the tests are not type-checked)
+    test = importlib.import_module("tests.test_verifier_batch_invariance")
+    _step_rows = test._step_rows
+    case = json.loads(test.FIXTURE.read_text())
     history, batch, outputs = case["history"], case["batch"], case["outputs"]
     chunks = len(history) // 512
     kept, rest = chunks * 512, len(history) % 512
