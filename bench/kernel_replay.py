@@ -25,7 +25,6 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import llama_cpp
 from shared_step_cost import open_streams  # scripts beside this one
@@ -41,23 +40,25 @@ class Replayer:
     def __init__(self, variant: str, n_seqs: int, ctx_size: int, threads: int) -> None:
         flash, kv = VARIANTS[variant]
         self.decode, self.memory = open_streams(n_seqs, ctx_size, threads, False, flash, kv)
-        self.lens = [0] * n_seqs
         self.rng = random.Random(0)
 
     def _tokens(self, n: int) -> list[int]:
         return [self.rng.randrange(1000, 20000) for _ in range(n)]
 
+    def held(self, seq: int) -> int:
+        """How many tokens sequence ``seq`` has cached."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq)) + 1
+
     def seek(self, seq: int, pos: int) -> None:
         """Sequence ``seq`` holding exactly ``pos`` cached tokens (untimed)."""
-        if self.lens[seq] > pos and not llama_cpp.llama_memory_seq_rm(self.memory, seq, pos, -1):
+        if self.held(seq) > pos and not llama_cpp.llama_memory_seq_rm(self.memory, seq, pos, -1):
             # the sliding-window ring cannot roll back that far: start the sequence again
             llama_cpp.llama_memory_seq_rm(self.memory, seq, 0, -1)
-            self.lens[seq] = 0
-        self.lens[seq] = min(self.lens[seq], pos)
-        while self.lens[seq] < pos:
-            n = min(512, pos - self.lens[seq])
-            self.decode([(seq, self._tokens(n), self.lens[seq], 0)])
-            self.lens[seq] += n
+        held = self.held(seq)
+        while held < pos:
+            n = min(512, pos - held)
+            self.decode([(seq, self._tokens(n), held, 0)])
+            held += n
 
     def step(self, seqs: list[list[int]]) -> float:
         """One logged step (rows of ``[seq_id, prompt, tokens, want, kept, rows, emitted,
@@ -67,10 +68,7 @@ class Replayer:
         rows = [(s[0], self._tokens(s[5]), s[7], 1 if s[1] else s[5]) for s in seqs]
         t0 = time.perf_counter()
         self.decode(rows)
-        dt = time.perf_counter() - t0
-        for s in seqs:
-            self.lens[s[0]] = s[7] + s[5]
-        return dt
+        return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -111,7 +109,7 @@ def main() -> None:
           f"{'vs ' + base:>8} {'wall less saving':>17}")
     base_total = sum(totals[base].values())
     for v in names:
-        t: dict[str, Any] = totals[v]
+        t = totals[v]
         total = sum(t.values())
         est = wall - (base_total - total)
         against = f" ({args.against / est:.2f}x)" if args.against else ""

@@ -31,7 +31,7 @@ def test_each_step_runs_at_the_logged_positions() -> None:
         sys.path.remove(str(BENCH))
     r = Replayer("off", 2, 2048, THREADS)
 
-    def held(seq: int) -> int:
+    def held(seq: int) -> int:  # asked of llama.cpp, not of the replayer's own count
         return int(llama_cpp.llama_memory_seq_pos_max(r.memory, seq)) + 1
 
     assert r.step([_seq(0, True, 100, 0)]) > 0
@@ -41,7 +41,7 @@ def test_each_step_runs_at_the_logged_positions() -> None:
     assert (held(0), held(1)) == (104, 702)
     # a draft rolled back: the next step starts at 101, as the log says
     r.step([_seq(0, False, 1, 101)])
-    assert held(0) == 102 and r.lens[0] == 102
+    assert held(0) == 102 and r.held(0) == 102
     # a slot reused from its start (a new conversation)
     r.step([_seq(1, True, 30, 0)])
     assert held(1) == 30
