@@ -24,10 +24,10 @@ if [ -f "$target/.version" ] && [ "$(cat "$target/.version")" = "$version" ]; th
 fi
 say "building llama-cpp-python $version with AVX2 kernels into $target (minutes)"
 # The multimodal library (LLAVA_BUILD) is not used by suffixd. A patched build (version
-# +suffixd.fa32, scripts/install_llama_cpp.sh) is built again from the same source and
+# +suffixd.*, scripts/install_llama_cpp.sh) is built again from the same source and
 # patch; pip's wheel cache is keyed by the sdist, not by CMAKE_ARGS, so it is not used.
 . bench/avx2_kernels.sh
-if [[ "$version" == *+suffixd.fa32 ]]; then
+if [[ "$version" == *+suffixd.* ]]; then
   CMAKE_ARGS="${AVX2_KERNELS[*]} -DLLAVA_BUILD=OFF" PYTHON="$python" \
     bash scripts/install_llama_cpp.sh --target "$target" >&2
 else

@@ -37,16 +37,16 @@ KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32,
 
 
 def open_streams(n: int, ctx_size: int, threads: int, unified: bool = False,
-                 flash_attn: bool = False,
-                 kv_type: str = "f16") -> tuple[Callable[[Rows], None], Any]:
-    """The embedded model in a context of ``n`` sequences of ``ctx_size`` cells each (a KV
-    stream each, as the daemon's verifier; ``unified``: one pool), without flash attention
-    unless ``flash_attn``: a ``decode(rows)`` of it and its memory handle (kept alive by
-    the closure)."""
+                 flash_attn: bool = False, kv_type: str = "f16",
+                 model_path: str | None = None) -> tuple[Callable[[Rows], None], Any]:
+    """The embedded model (or ``model_path``) in a context of ``n`` sequences of
+    ``ctx_size`` cells each (a KV stream each, as the daemon's verifier; ``unified``: one
+    pool), without flash attention unless ``flash_attn``: a ``decode(rows)`` of it and its
+    memory handle (kept alive by the closure)."""
     llama_cpp.llama_backend_init()
     mp = llama_cpp.llama_model_default_params()
     mp.use_extra_bufts = extra_weight_buffers()
-    model = _internals.LlamaModel(path_model=str(embedded_model_path()), params=mp,
+    model = _internals.LlamaModel(path_model=model_path or str(embedded_model_path()), params=mp,
                                   verbose=False)
     cp = llama_cpp.llama_context_default_params()
     cp.n_ctx = ctx_size * n

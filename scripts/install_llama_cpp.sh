@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Installs llama-cpp-python 0.3.36 compiled from its PyPI source with one patch of ours
-# (patches/llama-cpp-python-0.3.36-fa-f32.patch): llama.cpp's CPU flash attention sums
-# the weighted V rows in F32 instead of F16. Stock, that sum rounds and overflows on long
-# contexts, and only batches of under 64 rows take it, so a row's logits depend on how its
-# batch was cut and speculative decoding would part from plain decoding. The patched
-# build reports version 0.3.36+suffixd.fa32; only there may the verifier run flash
-# attention, when SUFFIXD_FLASH_ATTN=on asks (daemon/model/files.py). suffixd works on a
-# stock llama-cpp-python too, without flash attention.
+# (patches/llama-cpp-python-0.3.36-suffixd.patch) to llama.cpp's CPU kernels:
+# - flash attention sums the weighted V rows in F32 instead of F16. Stock, that sum rounds
+#   and overflows on long contexts, and only batches of under 64 rows take it, so a row's
+#   logits depend on how its batch was cut and speculative decoding would part from plain
+#   decoding (daemon/model/files.py: the verifier runs it only on this build, when
+#   SUFFIXD_FLASH_ATTN=on asks);
+# - matrix products of 2-16 activation rows against Q8_0 weights (2-4 against F16), the
+#   rows of a verification step: each weight block is read once for all rows and each dot
+#   product runs the one-row kernel's operations in its order. Stock tinyBLAS made 2 rows
+#   of gemma-3's output head cost 2.2 one-row passes, so a drafted token cost what decoding
+#   it did; here each logit is the very float a one-row decode gives. SUFFIXD_GGML_ROWS=off
+#   in a process's environment turns them off (to measure them).
+# The patched build reports version 0.3.36+suffixd.2. suffixd works on a stock
+# llama-cpp-python too, without flash attention and without those products.
 #
 #   bash scripts/install_llama_cpp.sh                  # into the active environment
 #   bash scripts/install_llama_cpp.sh --target DIR     # into DIR (PYTHONPATH=DIR), no deps
@@ -17,7 +24,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 version=0.3.36
-patched="$version+suffixd.fa32"
+patched="$version+suffixd.2"
 python="${PYTHON:-python3}"
 target=""
 if [ "${1:-}" = "--target" ]; then target="$2"; fi
@@ -41,7 +48,7 @@ trap 'rm -rf "$work"' EXIT
   -d "$work" "llama-cpp-python==$version"
 tar -xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work"
 src="$work/llama_cpp_python-$version"
-patch_file="$root/patches/llama-cpp-python-$version-fa-f32.patch"
+patch_file="$root/patches/llama-cpp-python-$version-suffixd.patch"
 if command -v git >/dev/null 2>&1; then
   git -C "$src" apply -p1 "$patch_file"
 else

@@ -66,8 +66,9 @@ def test_flash_attention_only_when_asked_and_only_on_the_build_that_sums_in_f32(
     from suffixd.daemon.model import flash_attention_sums_f32, flash_attention_wanted
 
     monkeypatch.delenv("SUFFIXD_FLASH_ATTN", raising=False)
-    monkeypatch.setattr(llama_cpp, "__version__", "0.3.36+suffixd.fa32")
-    assert flash_attention_sums_f32() is True
+    for build in ("0.3.36+suffixd.fa32", "0.3.36+suffixd.2"):
+        monkeypatch.setattr(llama_cpp, "__version__", build)
+        assert flash_attention_sums_f32() is True
     assert flash_attention_wanted() is False  # off unless asked
     monkeypatch.setenv("SUFFIXD_FLASH_ATTN", "on")
     assert flash_attention_wanted() is True

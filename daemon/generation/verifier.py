@@ -213,7 +213,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         chosen by row count would differ: ggml's tiled K-quant product from 8 rows, the
         repacked weights' 4-row blocks) and as batches of 1 (padded), 2, 3 and 3 rows must
         give the same logits, bit for bit. They do not when llama.cpp ran a matrix
-        product in this process before GGML_CPU_TILED_MM was set (ggml reads it once), or
+        product in this process before GGML_CPU_TILED_MM and SUFFIXD_GGML_ROWS were set
+        (ggml reads them once: model.use_batch_invariant_kernels), or
         on a build whose kernels this mode does not know; the mode is then off and
         ``determinism["why"]`` says so."""
         t0 = time.perf_counter()
@@ -240,10 +241,12 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         if not same:
             worst = max(float(np.abs(a - b).max()) for a, b in zip(whole, parts, strict=True))
             tiled = os.environ.get("GGML_CPU_TILED_MM")
+            rows = os.environ.get("SUFFIXD_GGML_ROWS")
             self.determinism["why"] = (
                 f"start-up check failed: a 9-row batch and batches of 1-3 rows gave logits "
-                f"up to {worst:.3g} apart (GGML_CPU_TILED_MM={tiled}; llama.cpp may have "
-                "run a matrix product in this process before it was set)")
+                f"up to {worst:.3g} apart (GGML_CPU_TILED_MM={tiled}, SUFFIXD_GGML_ROWS="
+                f"{rows}; llama.cpp may have run a matrix product in this process before "
+                "they were set)")
             log.warning("deterministic mode is off: %s", self.determinism["why"])
 
     @property

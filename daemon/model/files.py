@@ -98,22 +98,23 @@ def extra_weight_buffers() -> bool:
     return "AMX_INT8 = 1" not in info
 
 
-# The version suffix of the llama-cpp-python that scripts/install_llama_cpp.sh builds:
-# llama.cpp's CPU flash attention patched to sum in F32.
-FLASH_ATTENTION_F32_BUILD = "+suffixd.fa32"
+# The version suffixes of the llama-cpp-python builds of scripts/install_llama_cpp.sh:
+# ".fa32" (llama.cpp's CPU flash attention patched to sum in F32), ".2" (the same, and
+# matrix products of a few rows that cost what one does: see the script).
+SUFFIXD_BUILDS = ("+suffixd.fa32", "+suffixd.2")
 
 
 def flash_attention_sums_f32() -> bool:
     """Whether the installed llama.cpp's CPU flash attention is safe for the verifier: only
-    the build of scripts/install_llama_cpp.sh (its version ends ``+suffixd.fa32``) sums the
-    weighted V rows in F32. Stock llama.cpp (0.3.36) sums batches of under 64 rows, and
+    the builds of scripts/install_llama_cpp.sh (versions ending in ``SUFFIXD_BUILDS``) sum
+    the weighted V rows in F32. Stock llama.cpp (0.3.36) sums batches of under 64 rows, and
     one-row decodes past 512 cached tokens, in F16: on gemma-3 that moved a logit by 9.25
     and flipped an argmax depending on how a history was batched
     (tests/test_verifier_batch_invariance.py), so drafted output parted from plain
     decoding."""
     import llama_cpp
 
-    return str(getattr(llama_cpp, "__version__", "")).endswith(FLASH_ATTENTION_F32_BUILD)
+    return str(getattr(llama_cpp, "__version__", "")).endswith(SUFFIXD_BUILDS)
 
 
 def flash_attention_wanted() -> bool:
@@ -136,13 +137,18 @@ def flash_attention_wanted() -> bool:
 
 
 def use_batch_invariant_kernels() -> None:
-    """Turn off ggml-cpu's tiled K-quant matrix product (``GGML_CPU_TILED_MM=0``) for this
-    process: it takes over from ggml's row-by-row dot products at 8 rows of activations
-    and sums in another order, so a row's logits would depend on how many rows its batch
-    has (bench/batch_invariance_probe.py). ggml reads the variable once, at the first
-    matrix product of the process, so this must run before any model evaluates anything
-    (the verifier's deterministic mode calls it first and then checks that it held)."""
+    """Turn off, for this process, ggml-cpu's tiled K-quant matrix product
+    (``GGML_CPU_TILED_MM=0``) and the patched build's few-row products
+    (``SUFFIXD_GGML_ROWS=off``, scripts/install_llama_cpp.sh). The tiled product takes over
+    from ggml's row-by-row dot products at 8 rows of activations and sums in another order,
+    so a row's logits would depend on how many rows its batch has
+    (bench/batch_invariance_probe.py). The few-row F16 product sums as a one-row decode
+    does, not as the tinyBLAS tiles that batches of 5 rows and more take, and attention
+    runs it on the F16 KV cache. ggml reads both once, at the first matrix product of the
+    process, so this must run before any model evaluates anything (the verifier's
+    deterministic mode calls it first and then checks that it held)."""
     os.environ["GGML_CPU_TILED_MM"] = "0"
+    os.environ["SUFFIXD_GGML_ROWS"] = "off"
 
 
 @contextlib.contextmanager
