@@ -241,11 +241,11 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         if not same:
             worst = max(float(np.abs(a - b).max()) for a, b in zip(whole, parts, strict=True))
             tiled = os.environ.get("GGML_CPU_TILED_MM")
-            rows = os.environ.get("SUFFIXD_GGML_ROWS")
+            few_rows = os.environ.get("SUFFIXD_GGML_ROWS")
             self.determinism["why"] = (
                 f"start-up check failed: a 9-row batch and batches of 1-3 rows gave logits "
                 f"up to {worst:.3g} apart (GGML_CPU_TILED_MM={tiled}, SUFFIXD_GGML_ROWS="
-                f"{rows}; llama.cpp may have run a matrix product in this process before "
+                f"{few_rows}; llama.cpp may have run a matrix product in this process before "
                 "they were set)")
             log.warning("deterministic mode is off: %s", self.determinism["why"])
 
