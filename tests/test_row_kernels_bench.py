@@ -1,7 +1,7 @@
 """bench/row_kernels.py: what a verification step of k rows costs with the patched build's
 few-row matrix products on and off. Its report's arithmetic, and one real run of both
-settings on the embedded model. (That the products change no logit is
-tests/test_deterministic.py's drafted-against-plain comparison, bit for bit.)"""
+settings on the embedded model. (Which logits the products change, bit for bit:
+tests/test_row_kernels.py.)"""
 
 from __future__ import annotations
 
