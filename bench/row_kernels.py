@@ -91,9 +91,9 @@ def report(passes: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
     shapes = list(passes[0]["on"])
     med = {st: {sh: statistics.median(p[st][sh] for p in passes) for sh in shapes}
            for st in SETTINGS}
+    one = {st: med[st].get("1") for st in SETTINGS}  # the one-row decode, where timed
     rows = []
     for sh in shapes:
-        one = {st: med[st].get("1") for st in SETTINGS}
         rows.append({
             "shape": sh, "rows": sum(int(x) for x in sh.split(",")),
             "on_ms": round(med["on"][sh], 2), "off_ms": round(med["off"][sh], 2),

@@ -18,6 +18,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
 
+# How the operator's switches (SUFFIXD_LLAMA_EXTRA_BUFFERS, SUFFIXD_FLASH_ATTN) say yes and no
+_ON = ("on", "1", "true", "yes")
+_OFF = ("off", "0", "false", "no")
+
 
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -88,9 +92,9 @@ def extra_weight_buffers() -> bool:
     every extra buffer type. ``SUFFIXD_LLAMA_EXTRA_BUFFERS=on`` or ``off`` overrides.
     """
     choice = os.environ.get("SUFFIXD_LLAMA_EXTRA_BUFFERS", "auto").strip().lower()
-    if choice in ("on", "1", "true", "yes"):
+    if choice in _ON:
         return True
-    if choice in ("off", "0", "false", "no"):
+    if choice in _OFF:
         return False
     import llama_cpp
 
@@ -125,8 +129,7 @@ def flash_attention_wanted() -> bool:
     contexts of 1-6k tokens and several rows per sequence each row walks the whole
     context alone (llama.cpp's row-by-row path under 64 rows), and the steps of
     four coding-agent sessions with long tool outputs cost 4-14% more."""
-    if os.environ.get("SUFFIXD_FLASH_ATTN", "off").strip().lower() not in ("on", "1", "true",
-                                                                           "yes"):
+    if os.environ.get("SUFFIXD_FLASH_ATTN", "off").strip().lower() not in _ON:
         return False
     if flash_attention_sums_f32():
         return True
