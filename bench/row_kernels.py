@@ -4,8 +4,9 @@ build's few-row matrix products on and off (scripts/install_llama_cpp.sh,
 
     python bench/row_kernels.py [--model PATH] [--shapes "1;2;4;8;1,1,1,1,1,1,1,1"]
                                 [--context 500] [--rounds 7] [--passes 2] [--threads 2]
-                                [--json FILE]
+                                [--json FILE] [--against off|nogroup]
     PYTHONPATH=build/llama-cpp-avx2 python bench/row_kernels.py      # AVX2 kernels
+    python bench/row_kernels.py --against nogroup --shapes "1;1,1,1,1,1,1,1,1" --context 1200
 
 A shape lists rows per sequence: ``4`` is one sequence verifying a 3-token draft,
 ``1,1,1,1,1,1,1,1`` eight agents decoding a token each. Every sequence holds
@@ -17,7 +18,9 @@ ggml reads the switch once per process, so each setting runs in a process of its
 the two alternating over ``--passes`` (on first, then off first), so that the machine's
 drift prices both alike. The report gives each shape's median over passes, on / off, and
 the cost in one-row decodes of its own setting (what the daemon's cost profile would
-measure).
+measure). ``--against nogroup`` compares with the products on but attention's heads
+multiplied one by one (the build before ``+suffixd.3``) instead of with them off; the report
+still calls the baseline "off".
 """
 
 from __future__ import annotations
@@ -113,6 +116,8 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--against", choices=("off", "nogroup"), default="off",
+                    help="the baseline's SUFFIXD_GGML_ROWS (default: off)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     shapes = parse_shapes(args.shapes)
@@ -129,12 +134,15 @@ def main() -> None:
     passes = []
     for p in range(args.passes):
         order = SETTINGS if p % 2 == 0 else SETTINGS[::-1]
-        passes.append({st: run_child(st, args) for st in order})
+        passes.append({st: run_child("on" if st == "on" else args.against, args)
+                       for st in order})
     out = {"llama_cpp_python": version, "model": args.model or "embedded",
+           "against": args.against,
            "context": args.context, "threads": args.threads, "rounds": args.rounds,
            **report(passes)}
     print(f"llama-cpp-python {version}, {out['model']}, {args.context} cached tokens a "
-          f"sequence, {args.threads} threads, medians of {args.rounds} x {args.passes} passes")
+          f"sequence, {args.threads} threads, medians of {args.rounds} x {args.passes} passes; "
+          f"off = SUFFIXD_GGML_ROWS={args.against}")
     print(f"{'rows per sequence':<18} {'rows':>4} {'on ms':>8} {'off ms':>8} {'on/off':>7} "
           f"{'on, decodes':>12} {'off, decodes':>13}")
     for r in out["shapes"]:

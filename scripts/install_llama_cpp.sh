@@ -12,7 +12,11 @@
 #   of gemma-3's output head cost 2.2 one-row passes, so a drafted token cost what decoding
 #   it did; here each logit is the very float a one-row decode gives. SUFFIXD_GGML_ROWS=off
 #   in a process's environment turns them off (to measure them).
-# The patched build reports version 0.3.36+suffixd.2. suffixd works on a stock
+# - grouped-query attention's heads that share one K (and V) matrix in one such product
+#   rather than one product per head, so each K row is read and converted once for the
+#   group (gemma-3: 4 heads per K); the same floats. SUFFIXD_GGML_ROWS=nogroup multiplies
+#   them one by one.
+# The patched build reports version 0.3.36+suffixd.3. suffixd works on a stock
 # llama-cpp-python too, without flash attention and without those products.
 #
 #   bash scripts/install_llama_cpp.sh                  # into the active environment
@@ -24,7 +28,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 version=0.3.36
-patched="$version+suffixd.2"
+patched="$version+suffixd.3"
 python="${PYTHON:-python3}"
 target=""
 if [ "${1:-}" = "--target" ]; then target="$2"; fi
@@ -34,7 +38,10 @@ version_of() {  # the llama-cpp-python in $target, else the environment's
   if [ -n "$target" ]; then
     sed -n 's/^__version__ = "\(.*\)"/\1/p' "$target/llama_cpp/__init__.py" 2>/dev/null || true
   else
-    "$python" -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null || true
+    # the installed distribution's metadata: importing llama_cpp can read a stale
+    # __pycache__ left by the build before (same size, and wheels carry fixed mtimes)
+    "$python" -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' \
+      2>/dev/null || true
   fi
 }
 installed="$(version_of)"

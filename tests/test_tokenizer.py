@@ -66,7 +66,7 @@ def test_flash_attention_only_when_asked_and_only_on_the_build_that_sums_in_f32(
     from suffixd.daemon.model import flash_attention_sums_f32, flash_attention_wanted
 
     monkeypatch.delenv("SUFFIXD_FLASH_ATTN", raising=False)
-    for build in ("0.3.36+suffixd.fa32", "0.3.36+suffixd.2"):
+    for build in ("0.3.36+suffixd.fa32", "0.3.36+suffixd.2", "0.3.36+suffixd.3"):
         monkeypatch.setattr(llama_cpp, "__version__", build)
         assert flash_attention_sums_f32() is True
     assert flash_attention_wanted() is False  # off unless asked

@@ -104,8 +104,9 @@ def extra_weight_buffers() -> bool:
 
 # The version suffixes of the llama-cpp-python builds of scripts/install_llama_cpp.sh:
 # ".fa32" (llama.cpp's CPU flash attention patched to sum in F32), ".2" (the same, and
-# matrix products of a few rows that cost what one does: see the script).
-SUFFIXD_BUILDS = ("+suffixd.fa32", "+suffixd.2")
+# matrix products of a few rows that cost what one does: see the script), ".3" (those
+# products cheaper, and attention's heads that share a K matrix multiplied as one).
+SUFFIXD_BUILDS = ("+suffixd.fa32", "+suffixd.2", "+suffixd.3")
 
 
 def flash_attention_sums_f32() -> bool:
