@@ -95,7 +95,9 @@ def main() -> None:
         return time.perf_counter() - t0
 
     histories = [[rng.randrange(1000, 20000) for _ in range(args.context)] for _ in range(n)]
-    plain, observed_s, digest = [], [], ""
+    plain: list[float] = []
+    observed_s: list[float] = []
+    digest = ""
     for which, ctx in enumerate(contexts):
         for s, hist in enumerate(histories):
             for i in range(0, len(hist), 512):
