@@ -351,6 +351,21 @@ def test_prompts_fill_what_decoding_leaves_and_still_move_when_it_is_full() -> N
     assert plan_step([lone], 512, linear, 1.0) == [lone] and lone.kept == 512
 
 
+def test_prompts_are_served_first_come_first_served_by_when_they_began() -> None:
+    # the older prompt's chunk came back after the newer one's, as each chunk re-queues
+    newer = StepRows(1, list(range(1000)), 0, 512, prompt=True, since=20.0)
+    older = StepRows(2, list(range(1000)), 0, 512, prompt=True, since=10.0)
+    decode = StepRows(0, [5, 6], 0, 512)
+    plan = plan_step([decode, newer, older], 512, linear, 1.0)
+    assert older in plan and newer not in plan
+    assert older.kept == 512 - decode.rows
+    # with room left, the newer one takes the rest
+    short = StepRows(2, list(range(100)), 0, 512, prompt=True, since=10.0)
+    newer2 = StepRows(1, list(range(1000)), 0, 512, prompt=True, since=20.0)
+    plan = plan_step([newer2, short], 512, linear, 1.0)
+    assert [r.seq_id for r in plan] == [1, 2] and (short.kept, newer2.kept) == (100, 412)
+
+
 class _FakeModel:
     """Records decodes; fails the test if a decode overlaps another or a reader."""
 

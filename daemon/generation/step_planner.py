@@ -8,7 +8,8 @@ step.
 * Token budget: a row for every decoding sequence's last token, then their drafts
   (arrival order), then prompt chunks fill what is left, so a long new prompt joins the
   step in pieces instead of stalling the others, and no sequence waits a step for
-  another's draft.
+  another's draft. Prompts go first come, first served (``StepRows.since``): a prompt
+  that began first gets its chunks first.
 * Joint draft lengths: with several decoding sequences, each one's draft is cut to the
   prefix that maximises the step's expected tokens (1 per sequence, plus each draft
   token's calibrated acceptance probability) minus ``rate`` x the step's cost, where
@@ -77,6 +78,11 @@ class StepRows:
     step_s: float = 0.0  # the decode's duration
     emitted: int = 0  # set by the sequence after verifying: tokens it emitted
     arrived: float = 0.0
+    # a prompt chunk: when its prompt's first chunk was offered (time.monotonic). Prompts
+    # are served first come, first served by it, not by when each chunk came back: each
+    # chunk re-queues behind the others, so several long prompts otherwise took turns
+    # and all finished together, at the last one's time.
+    since: float = 0.0
     done: bool = False
     error: BaseException | None = None
     decode_started: float = 0.0  # monotonic time its step's decode began
@@ -365,7 +371,7 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
     (the verifier's deterministic mode): no ubatch takes one row of a sequence
     (``_no_single_row_ubatches``)."""
     decodes = [r for r in pending if not r.prompt]
-    prompts = [r for r in pending if r.prompt]
+    prompts = sorted((r for r in pending if r.prompt), key=lambda r: r.since)
     budget = n_batch - (min(PROMPT_RESERVE, n_batch // 2) if prompts else 0)
     # every decoding sequence's last token first (none waits a step for another's
     # draft), then the drafts in arrival order with what the budget leaves

@@ -521,12 +521,14 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         points = self._checkpoint_points(prompt, common, cache_points, cache_scope,
                                          new_conversation)
         end = len(prompt) - 1
+        began = time.monotonic()  # its place among the prompts being evaluated
         while len(slot.tokens) < end:
             # in chunks the steps of the other generations leave room for, each ending
             # at the next checkpoint at the latest
             pos = len(slot.tokens)
             upto = min(end, pos + self.n_batch, *points[:1])
-            part = StepRows(slot.seq_id, prompt[pos:upto], pos, room=self.n_batch, prompt=True)
+            part = StepRows(slot.seq_id, prompt[pos:upto], pos, room=self.n_batch, prompt=True,
+                            since=began)
             with self._steps.step(part, run.request):
                 slot.tokens.extend(part.tokens[: part.kept])
             if points and len(slot.tokens) == points[0]:
