@@ -38,20 +38,24 @@ TIER = "model"
 SHAPES = {"1": [1] * 16, "2": [2] * 8, "3": [3, 3, 3, 3, 4], "4": [4] * 4, "8": [8, 8],
           "16": [16]}
 
-CHILD = textwrap.dedent("""
+# Both children: the embedded model without repacked weights (a row-count-dependent kernel)
+LOAD_MODEL = textwrap.dedent("""
     import hashlib, json, sys
     import numpy as np
     import llama_cpp
     from llama_cpp import _internals
     from suffixd.daemon.model import embedded_model_path
 
-    flash, threads = sys.argv[1] == "on", int(sys.argv[2])
-    shapes = json.loads(sys.argv[3])
     llama_cpp.llama_backend_init()
     mp = llama_cpp.llama_model_default_params()
     mp.use_extra_bufts = False
     model = _internals.LlamaModel(path_model=str(embedded_model_path()), params=mp,
                                   verbose=False)
+""")
+
+CHILD = LOAD_MODEL + textwrap.dedent("""
+    flash, threads = sys.argv[1] == "on", int(sys.argv[2])
+    shapes = json.loads(sys.argv[3])
     cp = llama_cpp.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = 1024, 512, 512
     cp.n_threads = cp.n_threads_batch = threads
@@ -83,19 +87,8 @@ CHILD = textwrap.dedent("""
 
 # 4 sequences of 40 made-up tokens each, then 6 positions each: one row per sequence in
 # steps of all 4, and each sequence alone
-STREAMS_CHILD = textwrap.dedent("""
-    import hashlib, json, sys
-    import numpy as np
-    import llama_cpp
-    from llama_cpp import _internals
-    from suffixd.daemon.model import embedded_model_path
-
+STREAMS_CHILD = LOAD_MODEL + textwrap.dedent("""
     threads, n_seq, prefix, steps = int(sys.argv[1]), 4, 40, 6
-    llama_cpp.llama_backend_init()
-    mp = llama_cpp.llama_model_default_params()
-    mp.use_extra_bufts = False
-    model = _internals.LlamaModel(path_model=str(embedded_model_path()), params=mp,
-                                  verbose=False)
     cp = llama_cpp.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = 256 * n_seq, 256, 256
     cp.n_threads = cp.n_threads_batch = threads
