@@ -32,7 +32,11 @@ read -r -a targets <<< "$targets"
 [ ${#targets[@]} -gt 0 ] || { echo "build_llama_server: no targets" >&2; exit 2; }
 build_dir="${1:-${SUFFIXD_LLAMA_SERVER_DIR:-build/llama-server}}"
 python="${PYTHON:-python3}"
+# llama.cpp as released in that version: the sdist on the index, without our patch (a
+# local version such as 0.3.36+suffixd.3 names no sdist there), so llama-server runs the
+# stock kernels a user of it gets.
 version="$("$python" -c 'import llama_cpp; print(llama_cpp.__version__)')"
+version="${version%%+*}"
 mkdir -p "$build_dir"
 build_dir="$(cd "$build_dir" && pwd)"
 src="$build_dir/llama_cpp_python-$version"
