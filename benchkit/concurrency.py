@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from suffixcache import common_prefix_length
 
@@ -71,6 +71,15 @@ class PlannedTurn:
     prompt: list[int]  # as the daemon renders it
 
 
+class Sent(NamedTuple):
+    """What a system said of one turn it answered."""
+    tokens: int  # completion tokens
+    decode_s: float  # its own decoding time
+    text: str
+    prompt_n: int = 0  # prompt tokens it evaluated (not from a cache)
+    prompt_s: float = 0.0  # its own time on them, as it reports it
+
+
 @dataclass(frozen=True)
 class TurnResult:
     session: str
@@ -80,6 +89,8 @@ class TurnResult:
     tokens: int
     decode_s: float
     text: str
+    prompt_n: int = 0
+    prompt_s: float = 0.0
 
 
 def plan_sessions(todo: list[tuple[str, Messages]], render: Callable[[Messages], list[int]],
@@ -134,13 +145,14 @@ def run_sessions(sessions: Sequence[S], workers: int, run_one: Callable[[S], R])
 
 
 def replay(session: str, turns: Sequence[PlannedTurn],
-           send: Callable[[str, PlannedTurn], tuple[int, float, str]]) -> list[TurnResult]:
-    """A session's turns in order; ``send`` gives (completion tokens, decode s, text)."""
+           send: Callable[[str, PlannedTurn], Sent]) -> list[TurnResult]:
+    """A session's turns in order."""
     out = []
     for t in turns:
         t0 = time.perf_counter()
-        tokens, decode_s, text = send(session, t)
-        out.append(TurnResult(session, t.index, t0, time.perf_counter(), tokens, decode_s, text))
+        r = send(session, t)
+        out.append(TurnResult(session, t.index, t0, time.perf_counter(), r.tokens, r.decode_s,
+                              r.text, r.prompt_n, r.prompt_s))
     return out
 
 
@@ -148,7 +160,8 @@ def aggregate(results: Sequence[TurnResult]) -> dict[str, Any]:
     """One (system, N)'s figures (see the module docstring)."""
     if not results:
         return {"agg_tok_s": 0.0, "wall_s": 0.0, "session_wall_s": 0.0, "turn_s": 0.0,
-                "turn_p95_s": 0.0, "decode_tok_s": 0.0, "tokens": 0, "turns": 0}
+                "turn_p95_s": 0.0, "decode_tok_s": 0.0, "tokens": 0, "turns": 0,
+                "prompt_rows": 0, "prompt_ms_row": 0.0}
     wall = max(r.end for r in results) - min(r.start for r in results)
     tokens = sum(r.tokens for r in results)
     decode_s = sum(r.decode_s for r in results)
@@ -157,6 +170,8 @@ def aggregate(results: Sequence[TurnResult]) -> dict[str, Any]:
         a, b = spans.get(r.session, (r.start, r.end))
         spans[r.session] = (min(a, r.start), max(b, r.end))
     turn_s = [r.end - r.start for r in results]
+    prompt_rows = sum(r.prompt_n for r in results)
+    prompt_s = sum(r.prompt_s for r in results)
     return {
         "agg_tok_s": round(tokens / wall, 2) if wall > 0 else 0.0,
         "wall_s": round(wall, 3),
@@ -166,6 +181,10 @@ def aggregate(results: Sequence[TurnResult]) -> dict[str, Any]:
         "decode_tok_s": round(tokens / decode_s, 2) if decode_s > 0 else 0.0,
         "tokens": tokens,
         "turns": len(results),
+        # the servers' own prompt evaluation: rows and time per row as each reports it
+        # (with several at once, a turn's prompt time includes the steps it shared)
+        "prompt_rows": prompt_rows,
+        "prompt_ms_row": round(1e3 * prompt_s / prompt_rows, 3) if prompt_rows else 0.0,
     }
 
 
@@ -334,11 +353,17 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
     tmp = Path(tempfile.mkdtemp(prefix="suffixd-bench-concurrency-"))
     profiles = profiles or tmp / "profiles"
 
-    def measure(system: str, n: int, send: Callable[[str, PlannedTurn], tuple[int, float, str]]
+    def measure(system: str, n: int, send: Callable[[str, PlannedTurn], Sent]
                 ) -> list[TurnResult]:
         done = run_sessions(plan, n, lambda s: replay(s[0], s[1], send))
         flat = [r for rs in done for r in rs]
         results.setdefault(system, {})[n] = aggregate(flat)
+        t0 = min((r.start for r in flat), default=0.0)
+        # each turn (session, index, start and end s from the level's first request,
+        # completion tokens, prompt rows evaluated): where a p95 comes from
+        results[system][n]["turn_log"] = [
+            [r.session, r.index, round(r.start - t0, 3), round(r.end - t0, 3), r.tokens,
+             r.prompt_n] for r in flat]
         return flat
 
     # suffixd one session after another (N = 1) is run even when not asked for: every
@@ -364,7 +389,7 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
             ids = answers.setdefault(n, {})
 
             def ask(session: str, t: PlannedTurn, oai: Any = oai,
-                    ids: dict[tuple[str, int], list[int]] = ids) -> tuple[int, float, str]:
+                    ids: dict[tuple[str, int], list[int]] = ids) -> Sent:
                 r = oai.chat.completions.create(
                     model="default", messages=t.messages,
                     temperature=0, max_tokens=max_tokens, extra_headers={
@@ -373,9 +398,14 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                     extra_body={"return_token_ids": True})
                 ids[(session, t.index)] = (r.choices[0].model_extra or {})["token_ids"]
                 extra = (r.model_extra or {}).get("suffixd", {})
-                return (r.usage.completion_tokens if r.usage else 0,
-                        float(extra.get("decode_seconds", 0.0)),
-                        r.choices[0].message.content or "")
+                u = r.usage
+                cached = (u.prompt_tokens_details.cached_tokens or 0
+                          if u and u.prompt_tokens_details else 0)
+                return Sent(u.completion_tokens if u else 0,
+                            float(extra.get("decode_seconds", 0.0)),
+                            r.choices[0].message.content or "",
+                            (u.prompt_tokens - cached) if u else 0,
+                            float(extra.get("prompt_seconds", 0.0)))
 
             flat = measure("suffixd", n, ask)
             texts[n] = {(r.session, r.index): r.text for r in flat}
@@ -396,10 +426,10 @@ def run_concurrency(workload: Path, todo: list[tuple[str, Messages]], levels: li
                                 draft_model=ls_draft_model, draft_max=ls_draft_max)
         try:
             for name, srv in servers.items():
-                def complete(session: str, t: PlannedTurn, srv: Any = srv
-                             ) -> tuple[int, float, str]:
+                def complete(session: str, t: PlannedTurn, srv: Any = srv) -> Sent:
                     turn = srv.complete(t.prompt, max_tokens)
-                    return turn.predicted_n, turn.decode_s, ""
+                    return Sent(turn.predicted_n, turn.decode_s, "", turn.prompt_n,
+                                turn.prompt_s)
 
                 measure(name, n, complete)
         finally:
@@ -492,7 +522,8 @@ def report_lines(out: dict[str, Any]) -> list[str]:
         elif d:
             add(f"N={n}: suffixd's draft model not drafting: {d.get('not_drafting')}")
     add(f"{'system':<16} {'N':>3} {'agg tok/s':>10} {'wall s':>8} {'session s':>10} "
-        f"{'turn s':>8} {'p95 s':>7} {'decode tok/s':>13} {'turns':>6}")
+        f"{'turn s':>8} {'p95 s':>7} {'decode tok/s':>13} {'turns':>6} "
+        f"{'prompt rows':>12} {'ms/row':>7}")
     for n in sorted({1, *out["concurrency"]}):
         for s, r in out["results"].items():
             if str(n) not in r:
@@ -500,7 +531,8 @@ def report_lines(out: dict[str, Any]) -> list[str]:
             v = r[str(n)]
             add(f"{s:<16} {n:>3} {v['agg_tok_s']:>10.2f} {v['wall_s']:>8.2f} "
                 f"{v['session_wall_s']:>10.2f} {v['turn_s']:>8.3f} "
-                f"{v['turn_p95_s']:>7.3f} {v['decode_tok_s']:>13.2f} {v['turns']:>6}")
+                f"{v['turn_p95_s']:>7.3f} {v['decode_tok_s']:>13.2f} {v['turns']:>6} "
+                f"{v.get('prompt_rows', 0):>12,} {v.get('prompt_ms_row', 0.0):>7.2f}")
     for n in sorted({1, *out["concurrency"]}):
         b = out["results"].get("suffixd", {}).get(str(n), {}).get("batching")
         if b and b.get("steps"):

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 from suffixd.benchkit.concurrency import (
     PlannedTurn,
+    Sent,
     TurnResult,
     aggregate,
     daemon_mode_args,
@@ -108,26 +109,28 @@ def test_replay_sends_a_sessions_turns_in_order() -> None:
     turns = [PlannedTurn(i, _msgs(i + 1), [0] * i) for i in (0, 2, 3)]
     seen: list[int] = []
 
-    def send(session: str, t: PlannedTurn) -> tuple[int, float, str]:
+    def send(session: str, t: PlannedTurn) -> Sent:
         seen.append(t.index)
-        return 4, 0.5, f"{session}{t.index}"
+        return Sent(4, 0.5, f"{session}{t.index}", prompt_n=t.index, prompt_s=0.1)
 
     out = replay("x", turns, send)
     assert seen == [0, 2, 3] and [r.text for r in out] == ["x0", "x2", "x3"]
     assert all(r.end >= r.start for r in out) and out[1].start >= out[0].end
+    assert [r.prompt_n for r in out] == [0, 2, 3] and out[2].prompt_s == 0.1
 
 
 def test_aggregate() -> None:
     results = [  # session a: 0-1, 1-3; session b: 0.5-2.5 (at once)
-        TurnResult("a", 0, 0.0, 1.0, 10, 0.5, ""),
-        TurnResult("a", 1, 1.0, 3.0, 20, 1.0, ""),
-        TurnResult("b", 0, 0.5, 2.5, 30, 1.5, ""),
+        TurnResult("a", 0, 0.0, 1.0, 10, 0.5, "", 100, 0.2),
+        TurnResult("a", 1, 1.0, 3.0, 20, 1.0, "", 0, 0.0),
+        TurnResult("b", 0, 0.5, 2.5, 30, 1.5, "", 300, 0.6),
     ]
     out = aggregate(results)
     assert out["wall_s"] == 3.0 and out["tokens"] == 60 and out["agg_tok_s"] == 20.0
     assert out["session_wall_s"] == 2.5  # (3 + 2) / 2
     assert out["turn_s"] == round(5 / 3, 4) and out["turn_p95_s"] == 2.0
     assert out["decode_tok_s"] == 20.0 and out["turns"] == 3
+    assert out["prompt_rows"] == 400 and out["prompt_ms_row"] == 2.0
     assert aggregate([])["turns"] == 0
 
 

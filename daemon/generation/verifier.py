@@ -197,6 +197,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                                   lambda n, limit: self._padding(n, limit), n_ubatch,
                                   lambda n, rows: self._logit_rows(n, rows))
         self._steps.no_single_rows = deterministic
+        self._steps.token_s_prior = lambda: self.raw_cost_seconds.get(1)
         self.determinism: dict[str, Any] = {"on": False, "requested": deterministic}
         if deterministic:
             self._check_determinism()
@@ -528,7 +529,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
             pos = len(slot.tokens)
             upto = min(end, pos + self.n_batch, *points[:1])
             part = StepRows(slot.seq_id, prompt[pos:upto], pos, room=self.n_batch, prompt=True,
-                            since=began)
+                            since=began, left=end - pos)
             with self._steps.step(part, run.request):
                 slot.tokens.extend(part.tokens[: part.kept])
             if points and len(slot.tokens) == points[0]:
@@ -582,7 +583,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         req = StepRows(slot.seq_id, [run.pending, *path], len(slot.tokens),
                        room=min(room + 1, self.n_batch),
                        probs=(list(probs[: len(path)])
-                              if trimmable and probs is not None else None), want=want)
+                              if trimmable and probs is not None else None), want=want,
+                       left=remaining)
         return Step(draft_obj, path, source, states, req)
 
     def _verify(self, run: Run, step: Step) -> None:
