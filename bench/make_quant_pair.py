@@ -1,6 +1,6 @@
 """Make a verifier/draft pair from the embedded model: quantized self-speculation.
 
-    python bench/make_quant_pair.py [--types F16,Q8_0,BF16] [--out build/quant-pair]
+    python bench/make_quant_pair.py [--types F16,Q8_0,BF16,F32] [--out build/quant-pair]
                                     [--quantize PATH] [--source GGUF]
 
 The draft is the embedded gemma-3-270m Q4_K_M (``embedded_model_path()``); each verifier
@@ -27,7 +27,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TYPES = ("F16", "BF16", "Q8_0")
+# F32 (1.1 GB) is the dearest per token: a decode reads four bytes a weight, so it is
+# bound by memory as a 30B-class model's decode is, and its draft costs a quarter of it
+TYPES = ("F16", "BF16", "Q8_0", "F32")
 
 
 def sha256(path: Path) -> str:

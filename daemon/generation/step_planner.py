@@ -17,6 +17,7 @@ step.
   remaining tokens take less time than the first prompt's rows would cost each of them,
   prompts wait (``PROMPT_HELD_ROWS`` a step) until they are done: shortest work first,
   for the sum of the turns' times; never longer than ``PROMPT_DEFER_MAX_S`` in a row.
+  The batcher applies it only with ``SUFFIXD_PROMPT_CAP=on`` (not yet shown to pay).
 * Joint draft lengths: with several decoding sequences, each one's draft is cut to the
   prefix that maximises the step's expected tokens (1 per sequence, plus each draft
   token's calibrated acceptance probability) minus ``rate`` x the step's cost, where
