@@ -180,7 +180,8 @@ def _generator_lines(g: Mapping[str, Any]) -> list[str]:
         out.append(
             f"  draft model {d.get('path', '(given)')}: drafted at {d['used']:,} steps, "
             f"declined {d['skipped']:,} "
-            f"(probes {d['probes']:,}); acceptance {d['acceptance']:.2f}; now plans "
+            f"(probes {d['probes']:,}, {d.get('explored', 0):,} while its acceptance was "
+            f"uncertain); acceptance {d['acceptance']:.2f}; now plans "
             f"{d['planned_k']} tokens, expected {d['expected_speedup']:.2f}x plain decoding"
             + (" (provisional costs until the verifier's are measured)"
                if d.get("costs") == "provisional" else "")

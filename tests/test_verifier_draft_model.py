@@ -68,11 +68,41 @@ def test_policy_uses_the_draft_model_only_when_it_pays() -> None:
     for _ in range(100):  # feedback: everything rejected -> acceptance falls -> stops
         cheap.observe(ModelDraft([1, 1, 1]), 0)
     assert cheap.acceptance < 0.2 and cheap.plan(8)[0] == 0
+    assert cheap([0], 8) is None  # sure by now that it does not pay: no exploring
     # the fallback proposer prefers the trees and routes feedback
     prop = FallbackProposer(lambda c, k: [5, 6], cheap)
     assert prop([0], 4) == [5, 6]
     prop2 = FallbackProposer(lambda c, k: [], None)
     assert prop2([0], 4) == []
+
+
+def test_policy_explores_while_its_acceptance_is_uncertain() -> None:
+    """A draft model just short of paying at the prior acceptance is tried (its
+    acceptance is unknown), learns that it is accepted, and keeps drafting; one that is
+    rejected stops once the evidence is in."""
+    verify = {1: 0.047, 2: 0.059, 3: 0.064, 4: 0.069, 8: 0.083, 9: 0.086}  # the F32 pair
+    calls: list[int] = []
+
+    def draft(ctx: list[int], k: int, key: str = "draft") -> list[int]:
+        calls.append(k)
+        return [1] * k
+
+    good = AdaptiveDrafter(draft, verify, draft_seconds=0.0164)
+    assert good.plan(8)[0] == 0 and good.plan(8, good.optimistic_acceptance())[0] > 0
+    for _ in range(30):
+        d = good([0], 8)
+        assert d is not None
+        good.observe(d, len(d))  # always accepted
+    assert good.acceptance > 0.85 and good.plan(8)[0] > 0 and good.counts["explored"] >= 1
+    bad = AdaptiveDrafter(draft, verify, draft_seconds=0.0164)
+    tried = 0
+    for _ in range(200):
+        d = bad([0], 8)
+        if d is not None:
+            tried += 1
+            bad.observe(d, 0)  # always rejected
+    assert bad.acceptance < 0.4 and 0 < tried < 20
+    assert bad.optimistic_acceptance() < 0.7 and bad.plan(8, bad.optimistic_acceptance())[0] == 0
 
 
 def test_real_draft_model_measured_and_lossless() -> None:
