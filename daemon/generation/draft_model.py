@@ -11,12 +11,15 @@ counted (``stats()``) so that `suffixd stats` and the final chunk can show them.
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from suffixcache import common_prefix_length
 
 from .verifier import GenerateParams, Verifier
 
@@ -27,10 +30,19 @@ PROBE_EVERY = 64  # while unprofitable, draft once in a while to re-measure acce
 # Optimism under uncertainty: the draft model also drafts where acceptance this many
 # standard errors above its estimate would pay. A probe every 64 steps left the estimate
 # at its prior (0.6 after 8 pseudo-trials, one probe of 2 accepted tokens: 0.683) through
-# whole benchmarks, just under what the F32 pair needed (0.7), so it never drafted. The
-# standard error shrinks as the draft model is tried; with DECAY the trials saturate at
-# ~50, so the bound stays ~0.03 above the estimate near 0.8.
-EXPLORE_Z = 0.5
+# whole benchmarks, below what the F32 pair needs (0.85 at the daemon's measured costs),
+# so it never drafted. At the prior the bound is 0.95: a new draft model is tried. The
+# standard error counts every token tried so far (not decayed), so the bound closes on
+# the estimate once the draft model has been tried enough.
+EXPLORE_Z = 2.0
+# Before its first draft after a new prompt the draft model evaluates what its slot does
+# not hold yet. That catch-up is priced at CATCH_UP_ROW of a drafted token a row (a
+# Q4_K_M prompt row 3.3 ms against a drafted token's 15-19 ms on the 2-core EPYC) and
+# must be won back within DRAFT_HORIZON tokens at the plan's gain: on swe_django (~800
+# new prompt tokens a turn) the draft model re-read every prompt and took the F32
+# verifier's one agent from 78.8 s (llama-server's best) to 103.7 s.
+CATCH_UP_ROW = 0.2
+DRAFT_HORIZON = 64
 MARGIN = 1.05  # demand a 5% expected gain before paying for drafts
 
 
@@ -112,6 +124,15 @@ class DraftModel:
         # context tokens the draft model evaluated, and those its slots already held
         self.context_evaluated = 0
         self.context_reused = 0
+        # the context each key's slot last held (most recent last): what it is behind by
+        self._held: dict[str, list[int]] = {}
+        self._held_max = 2 * (n_slots or target.n_slots)
+
+    def behind(self, context: Sequence[int], key: str = "draft") -> int:
+        """The tokens of ``context`` the draft model would evaluate before drafting after
+        it in ``key``'s slot (an estimate: its slots are evicted least recently used)."""
+        held = self._held.get(key, [])
+        return len(context) - common_prefix_length(held, list(context))
 
     def draft(self, context: Sequence[int], k: int, key: str = "draft") -> list[int]:
         """Up to ``k`` greedy tokens after ``context``, in the KV slot of ``key`` (the
@@ -124,6 +145,10 @@ class DraftModel:
                 if c.stats is not None:
                     self.context_reused += c.stats.cached_prompt_tokens
                     self.context_evaluated += c.stats.prompt_tokens - c.stats.cached_prompt_tokens
+            self._held.pop(key, None)
+            self._held[key] = list(context)
+            while len(self._held) > self._held_max:
+                del self._held[next(iter(self._held))]
         return out
 
     def seconds_per_token(self, context: Sequence[int], k: int = 8, reps: int = 2) -> float:
@@ -156,17 +181,20 @@ class AdaptiveDrafter:
         verify_seconds: dict[int, float],
         draft_seconds: float,
         max_tokens: int = 8,
+        behind: Callable[[Sequence[int], str], int] | None = None,
     ) -> None:
         self._draft = draft
+        self._behind = behind
         self.verify_seconds = dict(sorted(verify_seconds.items()))
         self.draft_seconds = draft_seconds
         self.max_tokens = max_tokens
         self._hits = PRIOR_ACCEPT * PRIOR_WEIGHT
         self._trials = PRIOR_WEIGHT
+        self._tried = 0  # per-token trials observed, not decayed
         self._since_probe = 0
         self._lock = threading.Lock()
         self.counts = {"used": 0, "skipped": 0, "probes": 0, "explored": 0, "drafted": 0,
-                       "accepted": 0}
+                       "accepted": 0, "behind": 0}
         # "measured": both models' costs timed; "provisional": see provisional()
         self.costs = "measured"
 
@@ -175,17 +203,20 @@ class AdaptiveDrafter:
         new costs change the plan, not what the draft model was seen to get right."""
         with earlier._lock:
             hits, trials, counts = earlier._hits, earlier._trials, dict(earlier.counts)
+            tried = earlier._tried
         with self._lock:
             self._hits, self._trials, self.counts = hits, trials, counts
+            self._tried = tried
 
     @property
     def acceptance(self) -> float:
         return self._hits / self._trials
 
     def optimistic_acceptance(self) -> float:
-        """The estimate plus ``EXPLORE_Z`` of its standard error (Bernoulli trials)."""
+        """The estimate plus ``EXPLORE_Z`` of its standard error (Bernoulli trials: the
+        prior's and every token tried)."""
         a = self.acceptance
-        return min(1.0, a + EXPLORE_Z * (a * (1.0 - a) / self._trials) ** 0.5)
+        return min(1.0, a + EXPLORE_Z * math.sqrt(a * (1.0 - a) / (PRIOR_WEIGHT + self._tried)))
 
     def _t_verify(self, k: int) -> float:
         ks = list(self.verify_seconds)
@@ -199,6 +230,14 @@ class AdaptiveDrafter:
         hi = min(x for x in ks if x > k)
         f = (k - lo) / (hi - lo)
         return self.verify_seconds[lo] * (1 - f) + self.verify_seconds[hi] * f
+
+    def worth_catching_up(self, behind: int, gain: float) -> bool:
+        """Whether evaluating ``behind`` context tokens first is won back within
+        DRAFT_HORIZON tokens decoded at ``gain`` times plain decoding's rate."""
+        if behind <= 0 or gain <= 1.0:
+            return behind <= 0
+        saved = DRAFT_HORIZON * self._t_verify(1) * (1.0 - 1.0 / gain)
+        return behind * CATCH_UP_ROW * self.draft_seconds <= saved
 
     def plan(self, limit: int, acceptance: float | None = None) -> tuple[int, float]:
         """(best k, its expected tokens/s relative to plain decoding); k = 0: don't draft."""
@@ -217,17 +256,23 @@ class AdaptiveDrafter:
                  key: str = "draft") -> ModelDraft | None:
         """A draft for ``context`` (None: not worth it now); ``key``: the session, whose
         KV slot of the draft model holds its context (``DraftModel.draft``)."""
+        behind = self._behind(context, key) if self._behind is not None else 0
         with self._lock:
-            k, _ = self.plan(limit)
+            k, gain = self.plan(limit)
             if k == 0:
-                k, _ = self.plan(limit, self.optimistic_acceptance())
+                k, gain = self.plan(limit, self.optimistic_acceptance())
                 if k:
                     self.counts["explored"] += 1
+            if k and not self.worth_catching_up(behind, gain):
+                self.counts["behind"] += 1
+                return None
             if k == 0:
                 # Acceptance may have improved since it was measured: probe now and
                 # then, but only if perfect acceptance could pay at all.
                 self._since_probe += 1
-                if self._since_probe < PROBE_EVERY or self.plan(limit, 1.0)[0] == 0:
+                best_k, best = self.plan(limit, 1.0)
+                if self._since_probe < PROBE_EVERY or best_k == 0 \
+                        or not self.worth_catching_up(behind, best):
                     self.counts["skipped"] += 1
                     return None
                 self._since_probe = 0
@@ -245,6 +290,7 @@ class AdaptiveDrafter:
             trials = accepted + (1 if accepted < n else 0)
             self._hits = self._hits * DECAY**trials + accepted
             self._trials = self._trials * DECAY**trials + trials
+            self._tried += trials
             self.counts["drafted"] += n
             self.counts["accepted"] += accepted
 
@@ -286,7 +332,8 @@ def provisional(target: Verifier, draft_model: DraftModel,
     one = target.one_token_seconds()
     verify = {k: one * (1 + PROVISIONAL_ROW * (k - 1)) for k in range(1, max_tokens + 2)}
     policy = AdaptiveDrafter(draft_model.draft, verify,
-                             draft_seconds_per_token(target, draft_model), max_tokens)
+                             draft_seconds_per_token(target, draft_model), max_tokens,
+                             draft_model.behind)
     policy.costs = "provisional"
     return policy
 
@@ -302,7 +349,8 @@ def measure(target: Verifier, draft_model: DraftModel, max_tokens: int = 8,
     verify_seconds = {k: target.cost_seconds[k] for k in ks}
     per_token = draft_seconds if draft_seconds is not None \
         else draft_seconds_per_token(target, draft_model)
-    return AdaptiveDrafter(draft_model.draft, verify_seconds, per_token, max_tokens)
+    return AdaptiveDrafter(draft_model.draft, verify_seconds, per_token, max_tokens,
+                           draft_model.behind)
 
 
 class FallbackProposer:
