@@ -125,8 +125,31 @@ def test_policy_weighs_the_context_the_draft_model_must_catch_up_on() -> None:
     most = int(saved / (CATCH_UP_ROW * 0.01545))
     assert 10 < most < 800  # a new spider_dev turn's rows at most, a tool output's not
     for lag[0], drafts in ((0, True), (most, True), (most + 1, False), (800, False)):
+        policy.draft_seconds = 0.01545  # the fake drafts in no time: keep the price
         assert (policy([0], 8) is not None) == drafts, (lag[0], most)
     assert policy.counts["behind"] == 2
+
+
+def test_policy_prices_drafts_at_what_they_take_in_use() -> None:
+    """A draft model slower in use than its start-up timing said is priced at its own
+    drafts' time: the plan that assumed cheap drafts is dropped."""
+    import time as _time
+
+    verify = {1: 0.0342, 2: 0.0467, 3: 0.0500, 4: 0.0596, 5: 0.0630, 6: 0.0665, 7: 0.0739,
+              8: 0.0785, 9: 0.0845}
+
+    def slow(ctx: list[int], k: int, key: str = "d") -> list[int]:
+        _time.sleep(0.03 * k)  # never shorter than asked
+        return [1] * k
+
+    policy = AdaptiveDrafter(slow, verify, draft_seconds=0.005)
+    for _ in range(30):
+        policy.observe(ModelDraft([1, 1, 1, 1]), 4)
+    assert policy.plan(8)[0] > 0
+    for _ in range(30):
+        if policy([0], 8) is None:
+            break
+    assert policy.draft_seconds > 0.02 and policy.plan(8)[0] == 0
 
 
 def test_real_draft_model_measured_and_lossless() -> None:

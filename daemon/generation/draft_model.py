@@ -43,6 +43,8 @@ EXPLORE_Z = 2.0
 # verifier's one agent from 78.8 s (llama-server's best) to 103.7 s.
 CATCH_UP_ROW = 0.2
 DRAFT_HORIZON = 64
+# The weight of each draft's own timing in the drafted token's cost
+DRAFT_TIME_EMA = 0.2
 MARGIN = 1.05  # demand a 5% expected gain before paying for drafts
 
 
@@ -279,7 +281,15 @@ class AdaptiveDrafter:
                 self.counts["probes"] += 1
                 k = min(limit, 2)
             self.counts["used"] += 1
+        t0 = time.perf_counter()
         tokens = self._draft(context, k, key)
+        if tokens:
+            # what a drafted token costs in use (the call's own prefill of the tokens
+            # accepted since, the daemon's step machinery): the start-up timing measures
+            # the decode loop alone and priced F32 drafts at 15 ms where prose paid more
+            per_token = (time.perf_counter() - t0) / len(tokens)
+            with self._lock:
+                self.draft_seconds += DRAFT_TIME_EMA * (per_token - self.draft_seconds)
         return ModelDraft(tokens) if tokens else None
 
     def observe(self, draft: Any, accepted: int, new: Sequence[int] | None = None) -> None:
