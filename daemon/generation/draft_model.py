@@ -266,7 +266,8 @@ class AdaptiveDrafter:
                 if k:
                     self.counts["explored"] += 1
             if k and not self.worth_catching_up(behind, gain):
-                self.counts["behind"] += 1
+                self.counts["skipped"] += 1
+                self.counts["behind"] += 1  # of the skipped: its catch-up would not pay
                 return None
             if k == 0:
                 # Acceptance may have improved since it was measured: probe now and
