@@ -134,7 +134,9 @@ class DraftModel:
         """The tokens of ``context`` the draft model would evaluate before drafting after
         it in ``key``'s slot (an estimate: its slots are evicted least recently used)."""
         held = self._held.get(key, [])
-        return len(context) - common_prefix_length(held, list(context))
+        if list(context[: len(held)]) == held:  # the usual case, compared in C
+            return len(context) - len(held)
+        return len(context) - common_prefix_length(held, context)
 
     def draft(self, context: Sequence[int], k: int, key: str = "draft") -> list[int]:
         """Up to ``k`` greedy tokens after ``context``, in the KV slot of ``key`` (the
@@ -236,8 +238,10 @@ class AdaptiveDrafter:
     def worth_catching_up(self, behind: int, gain: float) -> bool:
         """Whether evaluating ``behind`` context tokens first is won back within
         DRAFT_HORIZON tokens decoded at ``gain`` times plain decoding's rate."""
-        if behind <= 0 or gain <= 1.0:
-            return behind <= 0
+        if behind <= 0:
+            return True
+        if gain <= 1.0:
+            return False
         saved = DRAFT_HORIZON * self._t_verify(1) * (1.0 - 1.0 / gain)
         return behind * CATCH_UP_ROW * self.draft_seconds <= saved
 
@@ -258,29 +262,34 @@ class AdaptiveDrafter:
                  key: str = "draft") -> ModelDraft | None:
         """A draft for ``context`` (None: not worth it now); ``key``: the session, whose
         KV slot of the draft model holds its context (``DraftModel.draft``)."""
-        behind = self._behind(context, key) if self._behind is not None else 0
         with self._lock:
             k, gain = self.plan(limit)
+            explored = probe = False
             if k == 0:
                 k, gain = self.plan(limit, self.optimistic_acceptance())
-                if k:
-                    self.counts["explored"] += 1
-            if k and not self.worth_catching_up(behind, gain):
-                self.counts["skipped"] += 1
-                self.counts["behind"] += 1  # of the skipped: its catch-up would not pay
-                return None
+                explored = k > 0
             if k == 0:
                 # Acceptance may have improved since it was measured: probe now and
                 # then, but only if perfect acceptance could pay at all.
                 self._since_probe += 1
-                best_k, best = self.plan(limit, 1.0)
-                if self._since_probe < PROBE_EVERY or best_k == 0 \
-                        or not self.worth_catching_up(behind, best):
+                if self._since_probe >= PROBE_EVERY:
+                    k, gain = self.plan(limit, 1.0)
+                    probe = k > 0
+                if not probe:
                     self.counts["skipped"] += 1
                     return None
+            # only now (a context can be tens of thousands of tokens)
+            behind = self._behind(context, key) if self._behind is not None else 0
+            if not self.worth_catching_up(behind, gain):
+                self.counts["skipped"] += 1
+                self.counts["behind"] += 1  # of the skipped: its catch-up would not pay
+                return None
+            if probe:
                 self._since_probe = 0
                 self.counts["probes"] += 1
                 k = min(limit, 2)
+            if explored:
+                self.counts["explored"] += 1
             self.counts["used"] += 1
         t0 = time.perf_counter()
         tokens = self._draft(context, k, key)

@@ -349,15 +349,21 @@ class StepBatcher:
             self._token_s = x if self._token_s is None else \
                 self._token_s + TIME_EMA * (x - self._token_s)
 
-    def _lead(self) -> None:
-        """Plan and run one step (called with the condition held; released meanwhile)."""
-        t_plan = time.perf_counter()
+    def _prompt_cap(self) -> int | None:
+        """``prompt_cap`` on what the batcher has timed, held back at most
+        PROMPT_DEFER_MAX_S in a row."""
         self._observe_times(self._last_batch)
         now = time.monotonic()
         token_s = self._token_s if self._token_s is not None else self.token_s_prior()
         cap = prompt_cap(self._pending, self._prompt_row_s, token_s,
-                         now - (self._capped_since or now)) if self.prompt_cap else None
+                         now - (self._capped_since or now))
         self._capped_since = None if cap is None else (self._capped_since or now)
+        return cap
+
+    def _lead(self) -> None:
+        """Plan and run one step (called with the condition held; released meanwhile)."""
+        t_plan = time.perf_counter()
+        cap = self._prompt_cap() if self.prompt_cap else None
         batch = plan_step(self._pending, self.n_batch, self._cost, self.rate, self._pad_to,
                           self.model if self.use_model else None, self._logit_rows,
                           self.model.n_ubatch, self.no_single_rows, cap)

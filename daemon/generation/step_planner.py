@@ -450,8 +450,8 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
         left = min(n_batch - used, prompt_room)
         if left <= 0:
             break
-        prompt_room -= min(len(r.tokens), left, r.room)
         r.kept = r.rows = min(len(r.tokens), left, r.room)
+        prompt_room -= r.kept
         if r.kept < 1:
             continue
         chosen.append(r)
