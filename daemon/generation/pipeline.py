@@ -397,15 +397,17 @@ class Generation:
                 except Exception as exc:
                     self._set_phase(f"failed: {exc}")
                     raise
+                # logged before the runtime is published: whoever sees /health answer 200
+                # can read the line that says so
+                log.info("generation ready", extra={
+                    "since_start_s": round(time.monotonic() - self.started, 1),
+                    "load_s": round(rt.load_s, 1), "cost_profile": rt.profile_source})
                 with self._ready_lock:
                     self._runtime = rt
                     ready, self._on_ready = self._on_ready, []
                 if self._closing:  # stop() ran during the load, before there was a verifier
                     rt.verifier.stop_generating()
                 self._set_phase("")
-                log.info("generation ready", extra={
-                    "since_start_s": round(time.monotonic() - self.started, 1),
-                    "load_s": round(rt.load_s, 1), "cost_profile": rt.profile_source})
                 for fn in ready:
                     try:
                         fn()
