@@ -126,6 +126,17 @@ class Request:
             counters.queue_max_s = max(counters.queue_max_s, self.queue_s)
 
 
+def _cpu_now() -> tuple[float, float, float, float]:
+    """For the step log: the leading thread's CPU seconds, this process's, the whole
+    machine's busy and idle seconds (was the step's compute shared with other work?)."""
+    t = os.times()
+    with open("/proc/stat", encoding="ascii") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = v[3] + v[4]
+    return time.thread_time(), t.user + t.system, (sum(v) - idle) / hz, idle / hz
+
+
 class StepBatcher:
     """Gathers the active generations' rows and runs one decode per step for them all."""
 
@@ -186,6 +197,7 @@ class StepBatcher:
         self._step_log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
         self._last_batch: list[StepRows] = []
         self._last_gap = 0.0
+        self._last_cpu: list[float] = []
         self._stopping = False
 
     @property
@@ -249,7 +261,7 @@ class StepBatcher:
         batch = self._last_batch
         rec = {"t": round(self._decoded_at, 4), "s": round(batch[0].step_s, 5) if batch else 0,
                "read": round(self._free_since - self._decoded_at, 5),
-               "gap": round(self._last_gap, 5),
+               "gap": round(self._last_gap, 5), "cpu": self._last_cpu,
                "seqs": [[r.seq_id, int(r.prompt), len(r.tokens), r.want, r.kept, r.rows,
                          r.emitted, r.pos0] for r in batch]}
         self._step_log.write(json.dumps(rec) + "\n")
@@ -380,6 +392,7 @@ class StepBatcher:
         started = time.monotonic()
         for r in batch:
             r.decode_started = started
+        cpu0 = _cpu_now() if self._step_log is not None else None
         t0 = time.perf_counter()
         try:
             self._run(batch)
@@ -387,6 +400,8 @@ class StepBatcher:
             error = exc
         finally:
             dt = time.perf_counter() - t0
+            if cpu0 is not None:
+                self._last_cpu = [round(b - a, 4) for a, b in zip(cpu0, _cpu_now(), strict=True)]
             self._cond.acquire()
         self._busy = False
         self._decoded_at = time.monotonic()

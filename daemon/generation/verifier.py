@@ -52,6 +52,7 @@ from ..model import (
 )
 from ..model.llama_log import route_llama_logs
 from .certify import Certification
+from .compute_thread import compute
 from .cost_measure import CostMeasurement, MeasurementStopped
 from .generation_run import Chunk as Chunk  # the callers' names, from here as before
 from .generation_run import DraftLike as DraftLike
@@ -120,9 +121,10 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         # logits then depend on its index in the batch): off in deterministic mode.
         self.extra_buffers = extra_weight_buffers() and not deterministic
         mparams.use_extra_bufts = self.extra_buffers
-        self._model = _internals.LlamaModel(
+        # loaded on the compute thread: a load may open an OpenMP region (compute_thread)
+        self._model = compute.call(lambda: _internals.LlamaModel(
             path_model=str(self.model_path), params=mparams, verbose=verbose
-        )
+        ))
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model.model))
         per_slot = max(64, min(int(n_ctx), self.n_ctx_train or int(n_ctx)))
         cparams = llama_cpp.llama_context_default_params()
@@ -166,7 +168,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
                                    if self.flash_attention
                                    else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=verbose)
+        self._ctx = compute.call(lambda: _internals.LlamaContext(
+            model=self._model, params=cparams, verbose=verbose))
         self._mem = self._ctx.memory
         # deterministic: a cell kept free at the end of every slot, for the padding row of
         # a last position's decode (no decode runs one row of a sequence)
@@ -417,7 +420,8 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         b.n_tokens = n
         if not any(outputs > 0 for *_, outputs in rows):
             b.logits[n - 1 - pad] = True
-        rc = self._llama_cpp.llama_decode(self._ctx.ctx, b)
+        ctx, decode = self._ctx.ctx, self._llama_cpp.llama_decode
+        rc = compute.call(lambda: decode(ctx, b))  # every decode on one thread: compute_thread
         if rc != 0:
             raise RuntimeError(f"llama_decode failed ({rc}): KV cache full or bad batch")
 
