@@ -39,7 +39,9 @@ from .cost_measure import COST_SIZES
 
 FILE_NAME = "cost_profile.json"
 # Bumped when the measurement or the file's layout changes: older files are ignored.
-FORMAT = 1
+# 2: measured with every decode on one thread (compute_thread); format 1's small
+# batches were timed up to 1.6x dear, OpenMP sleeping at barriers
+FORMAT = 2
 # What a stored profile may hold. Any decode takes more than a microsecond, and one
 # batch over a minute leaves nothing to serve. A batch costs at least a fraction of one
 # token (measurement noise on a flat GPU profile, never 1e-12 of it) and at most that
