@@ -7,8 +7,8 @@ managed: once they outnumber the CPUs it stops spinning at barriers (100 spins i
 300,000) and puts the waiting thread to sleep on a futex at each of a graph's ~800
 barriers. Decodes called from whichever request thread leads a step (four agents: four
 pools) therefore ran with a core idle much of the time: on a 2-core AMD EPYC (Zen 3) a
-4-row decode cost 75 ms against 46 from a single thread, a 503-row prompt chunk 2.0 s
-against 1.77 s, with 10-40% of the step's CPU idle (bench/omp_masters.py). Calling
+5-row decode cost 74 ms against 46 from a single thread, 3 sequences x 3 rows 137 against
+89, a 503-row prompt chunk 1.95 s against 1.84 (bench/omp_masters.py). Calling
 every decode (and the model loads, whose weight repacking may open a region too) from
 this one thread keeps a single pool, whatever thread asks.
 """
