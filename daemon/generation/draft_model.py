@@ -312,15 +312,12 @@ class AdaptiveDrafter:
         t0 = time.perf_counter()
         tokens = self._draft(context, k, key)
         if tokens:
-            # What a drafted token costs in use: the whole call while drafting goes on
-            # step after step (its catch-up is the tokens accepted since the last draft,
-            # part of every draft's price: left out, prose drafted at 0.95 acceptance and
-            # was 5-15% slower). A longer catch-up, after steps the draft model sat out,
-            # is priced apart (worth_catching_up): in the price, it made a token cost 2-3x
-            # its decode and kept the model priced out. Then only the decode loop counts.
-            per_token: float | None = (time.perf_counter() - t0) / len(tokens)
-            if behind > self.max_tokens + 1 and self._token_seconds is not None:
-                per_token = self._token_seconds(key)
+            # What a drafted token costs in use (the daemon's step machinery included).
+            # Not the catch-up: that is priced apart (worth_catching_up), and a draft
+            # after tens of tokens the draft model skipped once made a token cost 2-3x
+            # its decode, so the model stayed priced out.
+            per_token = (time.perf_counter() - t0) / len(tokens) \
+                if self._token_seconds is None else self._token_seconds(key)
             if per_token is not None:
                 with self._lock:
                     self.draft_seconds += DRAFT_TIME_EMA * (per_token - self.draft_seconds)
