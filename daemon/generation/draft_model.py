@@ -128,8 +128,6 @@ class DraftModel:
         self.context_reused = 0
         # the context each key's slot last held (most recent last): what it is behind by
         self._held: dict[str, list[int]] = {}
-        # each key's last draft: seconds per token of its decode loop (None: one token)
-        self._token_s: dict[str, float | None] = {}
         self._held_max = 2 * (n_slots or target.n_slots)
 
     def behind(self, context: Sequence[int], key: str = "draft") -> int:
@@ -146,29 +144,16 @@ class DraftModel:
         params = GenerateParams(max_tokens=k, ignore_eos=True, max_draft=0)
         out: list[int] = []
         with self._lock:
-            decode_s = None
             for c in self._llm.generate(f"draft\x00{key}", context, params):
                 out += c.tokens
                 if c.stats is not None:
                     self.context_reused += c.stats.cached_prompt_tokens
                     self.context_evaluated += c.stats.prompt_tokens - c.stats.cached_prompt_tokens
-                    decode_s = c.stats.decode_s
-            # the first token comes with the catch-up (the context's new tokens), the
-            # rest from the decode loop: what a drafted token costs, apart from catch-up
-            self._token_s[key] = decode_s / (len(out) - 1) \
-                if decode_s is not None and len(out) > 1 else None
             self._held.pop(key, None)
             self._held[key] = list(context)
             while len(self._held) > self._held_max:
-                gone = next(iter(self._held))
-                del self._held[gone]
-                self._token_s.pop(gone, None)
+                del self._held[next(iter(self._held))]
         return out
-
-    def token_seconds(self, key: str = "draft") -> float | None:
-        """Seconds a drafted token took in ``key``'s last draft, its catch-up left out
-        (None: that draft had a single token, or there was none)."""
-        return self._token_s.get(key)
 
     def seconds_per_token(self, context: Sequence[int], k: int = 8, reps: int = 2) -> float:
         """Time of one drafted token at the given context (prompt already cached)."""
@@ -201,12 +186,9 @@ class AdaptiveDrafter:
         draft_seconds: float,
         max_tokens: int = 8,
         behind: Callable[[Sequence[int], str], int] | None = None,
-        token_seconds: Callable[[str], float | None] | None = None,
     ) -> None:
         self._draft = draft
         self._behind = behind
-        # a draft's per-token seconds without its catch-up (None: time the whole call)
-        self._token_seconds = token_seconds
         self.verify_seconds = dict(sorted(verify_seconds.items()))
         self.draft_seconds = draft_seconds
         self.max_tokens = max_tokens
@@ -312,15 +294,12 @@ class AdaptiveDrafter:
         t0 = time.perf_counter()
         tokens = self._draft(context, k, key)
         if tokens:
-            # What a drafted token costs in use (the daemon's step machinery included).
-            # Not the catch-up: that is priced apart (worth_catching_up), and a draft
-            # after tens of tokens the draft model skipped once made a token cost 2-3x
-            # its decode, so the model stayed priced out.
-            per_token = (time.perf_counter() - t0) / len(tokens) \
-                if self._token_seconds is None else self._token_seconds(key)
-            if per_token is not None:
-                with self._lock:
-                    self.draft_seconds += DRAFT_TIME_EMA * (per_token - self.draft_seconds)
+            # what a drafted token costs in use (the call's own prefill of the tokens
+            # accepted since, the daemon's step machinery): the start-up timing measures
+            # the decode loop alone and priced F32 drafts at 15 ms where prose paid more
+            per_token = (time.perf_counter() - t0) / len(tokens)
+            with self._lock:
+                self.draft_seconds += DRAFT_TIME_EMA * (per_token - self.draft_seconds)
         return ModelDraft(tokens) if tokens else None
 
     def observe(self, draft: Any, accepted: int, new: Sequence[int] | None = None) -> None:
@@ -374,7 +353,7 @@ def provisional(target: Verifier, draft_model: DraftModel,
     verify = {k: one * (1 + PROVISIONAL_ROW * (k - 1)) for k in range(1, max_tokens + 2)}
     policy = AdaptiveDrafter(draft_model.draft, verify,
                              draft_seconds_per_token(target, draft_model), max_tokens,
-                             draft_model.behind, draft_model.token_seconds)
+                             draft_model.behind)
     policy.costs = "provisional"
     return policy
 
@@ -391,7 +370,7 @@ def measure(target: Verifier, draft_model: DraftModel, max_tokens: int = 8,
     per_token = draft_seconds if draft_seconds is not None \
         else draft_seconds_per_token(target, draft_model)
     return AdaptiveDrafter(draft_model.draft, verify_seconds, per_token, max_tokens,
-                           draft_model.behind, draft_model.token_seconds)
+                           draft_model.behind)
 
 
 class FallbackProposer:
