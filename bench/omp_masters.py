@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -36,15 +35,13 @@ SHAPES: dict[str, list[tuple[int, int, int]]] = {
 CONTEXTS = [2317, 5719, 5693, 5738]
 
 
-def _idle_s() -> float:
-    with open("/proc/stat", encoding="ascii") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return (v[3] + v[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(mode: str, reps: int, threads: int) -> dict[str, Any]:
     import llama_cpp
     from shared_step_cost import open_streams  # a script beside this one
+    from suffixd.daemon.generation.step_batch import machine_cpu_seconds
+
+    def idle_s() -> float:
+        return machine_cpu_seconds()[1]
 
     decode, memory = open_streams(4, 32768, threads)
     rng = random.Random(0)
@@ -56,9 +53,9 @@ def measure(mode: str, reps: int, threads: int) -> dict[str, Any]:
     def once(shape: list[tuple[int, int, int]]) -> tuple[float, float]:
         rows = [(s, [rng.randrange(1000, 20000) for _ in range(k)], CONTEXTS[s], outs)
                 for s, k, outs in shape]
-        i0, t0 = _idle_s(), time.perf_counter()
+        i0, t0 = idle_s(), time.perf_counter()
         decode(rows)
-        dt, idle = time.perf_counter() - t0, _idle_s() - i0
+        dt, idle = time.perf_counter() - t0, idle_s() - i0
         for s, _, p0, _ in rows:
             llama_cpp.llama_memory_seq_rm(memory, s, p0, -1)
         return dt, idle

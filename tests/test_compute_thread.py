@@ -15,24 +15,24 @@ from suffixd.daemon.generation.compute_thread import ComputeThread
 
 def test_calls_run_on_one_thread_in_order_and_return_their_results() -> None:
     ct = ComputeThread("test-compute")
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, int, int]] = []  # (caller, its call's index, running thread)
     results: dict[int, int] = {}
 
     def caller(i: int) -> None:
         for j in range(20):
             results[i * 100 + j] = ct.call(
-                lambda j=j: seen.append((i, threading.get_ident())) or i * 100 + j)
+                lambda j=j: seen.append((i, j, threading.get_ident())) or i * 100 + j)
 
     threads = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert results == {k: k for k in results} and len(results) == 80
-    assert len({ident for _, ident in seen}) == 1  # one thread ran them all
-    assert all(ident != t.ident for _, ident in seen for t in threads)
+    assert results == {i * 100 + j: i * 100 + j for i in range(4) for j in range(20)}
+    assert len({ident for *_, ident in seen}) == 1  # one thread ran them all
+    assert all(ident != t.ident for *_, ident in seen for t in threads)
     for i in range(4):  # each caller's calls in its own order
-        assert [j for j, _ in seen if j == i] == [i] * 20
+        assert [j for c, j, _ in seen if c == i] == list(range(20))
 
 
 def test_an_exception_reaches_the_caller_and_the_thread_lives_on() -> None:

@@ -126,15 +126,23 @@ class Request:
             counters.queue_max_s = max(counters.queue_max_s, self.queue_s)
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu_seconds() -> tuple[float, float]:
+    """The whole machine's busy and idle CPU seconds so far (/proc/stat: idle and I/O
+    wait count as idle), at the kernel's clock tick (10 ms)."""
+    with open("/proc/stat", encoding="ascii") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]
+    return (sum(v) - idle) / _CLK_TCK, idle / _CLK_TCK
+
+
 def _cpu_now() -> tuple[float, float, float, float]:
     """For the step log: the leading thread's CPU seconds, this process's, the whole
     machine's busy and idle seconds (was the step's compute shared with other work?)."""
     t = os.times()
-    with open("/proc/stat", encoding="ascii") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    hz = os.sysconf("SC_CLK_TCK")
-    idle = v[3] + v[4]
-    return time.thread_time(), t.user + t.system, (sum(v) - idle) / hz, idle / hz
+    return (time.thread_time(), t.user + t.system, *machine_cpu_seconds())
 
 
 class StepBatcher:
