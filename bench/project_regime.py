@@ -23,6 +23,8 @@ a memory-bound decode). The trees' part is not simulated: it is the replay itsel
     python bench/project_regime.py ../shared/data/workloads/spider_dev.jsonl --sessions 4
     python bench/project_regime.py WORKLOAD --slope 0.05 --accept 0.6,0.7,0.8 \\
         --draft-cost 0.03,0.05 [--json]
+    python bench/project_regime.py WORKLOAD --profile build/device-profiles/gpu-27b.cost.json \\
+        --draft-cost 0.31       # a device's measured curve and draft (bench/device/)
 
 Prints, per (acceptance, draft cost): speed-up over plain decoding (tokens per unit of
 one decode's time) of trees alone, the draft model alone and both.
@@ -120,12 +122,11 @@ class ProjectedSource:
         return self.trees.memory()
 
 
-def project(sessions: list[Any], slope: float, accept: float, draft_cost: float,
+def project(sessions: list[Any], profile: CostProfile, accept: float, draft_cost: float,
             max_tokens: int, seed: int) -> dict[str, Any]:
     """Speed-ups over plain decoding of trees, the draft model and both, for one
     (acceptance, draft cost)."""
-    profile = linear_profile(slope)
-    out: dict[str, Any] = {"slope": slope, "accept": accept, "draft_cost": draft_cost}
+    out: dict[str, Any] = {"accept": accept, "draft_cost": draft_cost}
     for trees, model in ((True, False), (False, True), (True, True)):
         src = ProjectedSource(profile, trees, model, accept, draft_cost, max_tokens, seed)
         res = replay(sessions, src, profile, max_spec=32)
@@ -143,6 +144,9 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=None)
     ap.add_argument("--slope", type=float, default=0.05,
                     help="Each verified row past the first costs this many decodes.")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="A measured cost profile ({\"k\": decodes}, e.g. the device kit's "
+                         "bench/device/kit_profiles.py output) instead of --slope.")
     ap.add_argument("--accept", default="0.6,0.7,0.8",
                     help="Per-token acceptance of the simulated draft model(s).")
     ap.add_argument("--draft-cost", default="0.03,0.05",
@@ -153,13 +157,20 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     sessions = tokenized_workload(args.workload, None, args.sessions)
-    rows = [project(sessions, args.slope, float(a), float(c), args.max_tokens, args.seed)
+    if args.profile is not None:
+        profile = CostProfile.from_json(args.profile.read_text())
+        regime = f"k verified rows cost what {args.profile} measured"
+    else:
+        profile = linear_profile(args.slope)
+        regime = f"k verified rows cost 1 + {args.slope:g}(k-1) decodes"
+    rows = [project(sessions, profile, float(a), float(c), args.max_tokens, args.seed)
             for a in args.accept.split(",") for c in args.draft_cost.split(",")]
     if args.json:
-        print(json.dumps({"workload": args.workload.name, "projection": True, "rows": rows}))
+        print(json.dumps({"workload": args.workload.name, "projection": True, "regime": regime,
+                          "rows": rows}))
         return
-    print(f"PROJECTION on {args.workload.name} ({len(sessions)} sessions): k verified rows "
-          f"cost 1 + {args.slope:g}(k-1) decodes; the draft model is simulated")
+    print(f"PROJECTION on {args.workload.name} ({len(sessions)} sessions): {regime}; "
+          f"the draft model is simulated")
     print("| draft acceptance | draft token cost | trees | draft model (k) | both |")
     print("| --- | --- | --- | --- | --- |")
     for r in rows:

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Issue 48's device kit, run on the device machine: what k verified rows cost against one
+# decode for a 30B-class verifier (gemma-3-27b's shape, Q4_K_M, synthetic weights) and
+# for its family's drafts (gemma-3-270m's shape with the embedded model's types, and
+# gemma-3-1b's), on the machine's CPU cores and on its GPU.
+#
+#   bash bench/device/prepare_kit.sh                  # here, ahead: build/device-kit
+#   bash bench/device/build_kit.sh build/kit-portable   # here, ahead: build/device-kit/bin
+#   # on the device (the run tool), carrying build/device-kit/{bin,llama.cpp.tar.xz,
+#   # llama.cpp/gguf-py,gemma-3-270m.skeleton.gguf}:
+#   bash bench/device/run_kit.sh [--skip-cpu] [--skip-gpu]     # $OUT: where results go
+#
+# Writes to $OUT: machine.txt (CPU, GPU, memory), one JSON per measurement (row_cost's
+# output: {cpu,gpu}-{27b,270m,1b}.json) and kit.log. Each stage
+# writes its file as soon as it ends, so a run cut short still returns what it measured.
+# Then, here: python bench/device/kit_profiles.py OUT_DIR.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-build/device-out}"
+kit="${SUFFIXD_DEVICE_KIT:-build/device-kit}"
+cpu=1 gpu=1
+for arg in "$@"; do
+  case "$arg" in
+    --skip-cpu) cpu=0 ;;
+    --skip-gpu) gpu=0 ;;
+    *) echo "run_kit: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+log() { echo "[$(date +%T)] $*" | tee -a "$out/kit.log" >&2; }
+
+# The GPU's libraries (cuBLAS) where a toolkit keeps them, if the loader does not know it.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/lib64; do
+  [ -d "$d" ] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+done
+export LD_LIBRARY_PATH
+
+{
+  date -u; uname -a; nproc; lscpu; free -g; df -h /dev/shm "${TMPDIR:-/tmp}"
+  nvidia-smi 2>&1; nvcc --version 2>&1 | tail -2
+} > "$out/machine.txt" 2>&1
+cores="$(lscpu -p=CORE,SOCKET | grep -v '^#' | sort -u | wc -l)"
+log "machine: $(grep -m1 'Model name' "$out/machine.txt" | sed 's/.*: *//'), $(nproc) CPUs, $cores cores"
+
+# Models in memory when it has room: the 27b is 16.5 GB, read at every decode on the CPU.
+models=/dev/shm/suffixd-kit
+[ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1)" -gt 20 ] 2>/dev/null \
+  || models="${TMPDIR:-/tmp}/suffixd-kit"
+mkdir -p "$models"
+python3 bench/device/synthetic_gguf.py write "$kit/gemma-3-270m.skeleton.gguf" \
+  -o "$models/gemma-3-270m.gguf" --gguf-py "$kit/llama.cpp/gguf-py" 2>> "$out/kit.log" &
+draft_pid=$!
+python3 bench/device/synthetic_gguf.py write "$kit/gemma-3-270m.skeleton.gguf" --shape gemma-3-1b \
+  -o "$models/gemma-3-1b.gguf" --gguf-py "$kit/llama.cpp/gguf-py" 2>> "$out/kit.log" &
+draft1b_pid=$!
+python3 bench/device/synthetic_gguf.py write "$kit/gemma-3-270m.skeleton.gguf" --shape gemma-3-27b \
+  -o "$models/gemma-3-27b.gguf" --gguf-py "$kit/llama.cpp/gguf-py" 2>> "$out/kit.log" &
+verifier_pid=$!
+
+# The binary: the portable build that came with the kit, else one built here.
+row_cost="$kit/bin/row_cost"
+"$row_cost" --help > "$out/prebuilt.txt" 2>&1
+if ! grep -q usage "$out/prebuilt.txt"; then
+  log "the kit's build does not run here ($(tail -1 "$out/prebuilt.txt")); building natively"
+  tar -C "$kit" -xJf "$kit/llama.cpp.tar.xz"
+  mode=native
+  command -v nvcc > /dev/null || mode=cpu
+  row_cost="$(SUFFIXD_DEVICE_KIT="$kit" bash bench/device/build_kit.sh "$models/build" "$mode")" \
+    || { log "the native build failed"; cp "$models/build/build.log" "$out/" 2>/dev/null; exit 1; }
+fi
+log "row_cost: $row_cost"
+
+wait "$draft_pid" || { log "writing the draft model failed"; exit 1; }
+wait "$draft1b_pid" || log "writing the 1b draft failed"
+wait "$verifier_pid" || { log "writing the verifier failed"; exit 1; }
+log "models written: $(du -sh "$models"/*.gguf | tr '\n' ' ')"
+
+measure() {  # NAME MODEL ARGS...: row_cost's JSON to $out/NAME.json
+  local name="$1" model="$2"
+  shift 2
+  log "measuring $name"
+  if "$row_cost" "$model" --label "$name" "$@" > "$out/$name.json.part" 2>> "$out/kit.log"; then
+    mv "$out/$name.json.part" "$out/$name.json"
+  else
+    log "$name failed (see kit.log)"
+  fi
+}
+ks=1,2,3,4,6,8,12,16,24,32
+if [ "$cpu" = 1 ]; then
+  # The CPU alone: no GPU visible, so no matrix product is sent to it either.
+  CUDA_VISIBLE_DEVICES= measure cpu-270m "$models/gemma-3-270m.gguf" --ngl 0 \
+    --threads "$cores" --prompt 256 --ks "$ks" --reps 5
+  CUDA_VISIBLE_DEVICES= measure cpu-1b "$models/gemma-3-1b.gguf" --ngl 0 \
+    --threads "$cores" --prompt 256 --ks 1,2,4,8 --reps 5
+  CUDA_VISIBLE_DEVICES= measure cpu-27b "$models/gemma-3-27b.gguf" --ngl 0 \
+    --threads "$cores" --prompt 128 --ks "$ks" --reps 3
+fi
+if [ "$gpu" = 1 ]; then
+  measure gpu-270m "$models/gemma-3-270m.gguf" --ngl 99 --prompt 1024 --ks "$ks,48,64" --reps 10
+  measure gpu-1b "$models/gemma-3-1b.gguf" --ngl 99 --prompt 1024 --ks 1,2,4,8 --reps 10
+  measure gpu-27b "$models/gemma-3-27b.gguf" --ngl 99 --prompt 1024 --ks "$ks,48,64" --reps 10
+fi
+log "done"
