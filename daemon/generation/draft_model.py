@@ -21,7 +21,7 @@ from typing import Any
 
 from suffixcache import common_prefix_length
 
-from .verifier import GenerateParams, Verifier
+from .verifier import Verifier
 
 PRIOR_ACCEPT = 0.6  # per-token acceptance assumed before any feedback
 PRIOR_WEIGHT = 8.0  # pseudo-trials behind the prior
@@ -141,19 +141,15 @@ class DraftModel:
     def draft(self, context: Sequence[int], k: int, key: str = "draft") -> list[int]:
         """Up to ``k`` greedy tokens after ``context``, in the KV slot of ``key`` (the
         session's: its earlier drafts' context is reused)."""
-        params = GenerateParams(max_tokens=k, ignore_eos=True, max_draft=0)
-        out: list[int] = []
         with self._lock:
-            for c in self._llm.generate(f"draft\x00{key}", context, params):
-                out += c.tokens
-                if c.stats is not None:
-                    self.context_reused += c.stats.cached_prompt_tokens
-                    self.context_evaluated += c.stats.prompt_tokens - c.stats.cached_prompt_tokens
+            got = self._llm.greedy_draft(f"draft\x00{key}", context, k)
+            self.context_reused += got.reused
+            self.context_evaluated += got.evaluated
             self._held.pop(key, None)
-            self._held[key] = list(context)
+            self._held[key] = [*context, *got.tokens[:-1]]  # what the slot holds now
             while len(self._held) > self._held_max:
                 del self._held[next(iter(self._held))]
-        return out
+        return got.tokens
 
     def seconds_per_token(self, context: Sequence[int], k: int = 8, reps: int = 2) -> float:
         """Time of one drafted token at the given context (prompt already cached)."""
