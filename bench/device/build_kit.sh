@@ -4,8 +4,8 @@
 #
 #   bash bench/device/build_kit.sh BUILD_DIR [portable|native|cpu]   # default portable
 #
-# A portable build's folder is copied, stripped, to the kit (KIT/bin), which the device
-# carries.
+# A portable build's folder is copied, stripped, to the kit (KIT/bin) and packed
+# (KIT/bin.tar.xz), which the device carries.
 #
 # portable: llama.cpp's dynamically loaded backends, CPU kernels for the x86 servers
 #   (x64, haswell, skylakex, icelake, zen4, sapphirerapids: ggml picks the best the CPU
@@ -17,9 +17,10 @@
 # cpu: native, without CUDA.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"  # paths in flags spelled one way: a new spelling rebuilds all
 build="${1:?usage: build_kit.sh BUILD_DIR [portable|native|cpu]}"
 mode="${2:-portable}"
-kit="${SUFFIXD_DEVICE_KIT:-$here/../../build/device-kit}"
+kit="${SUFFIXD_DEVICE_KIT:-$root/build/device-kit}"
 jobs="${JOBS:-$(nproc)}"
 common=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc"
         -DCMAKE_SHARED_LINKER_FLAGS="-static-libstdc++ -static-libgcc" -DLLAMA_CPP_DIR="$(cd "$kit/llama.cpp" && pwd)"
@@ -32,7 +33,7 @@ case "$mode" in
     # libcuda here either, so CUDA's virtual memory pool is off (the legacy pool instead).
     flags=(-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DGGML_CUDA=ON
            -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_NO_VMM=ON)
-    cublas="${SUFFIXD_CUBLAS_DIR:-$here/../../build/cublas/nvidia/cu13}"
+    cublas="${SUFFIXD_CUBLAS_DIR:-$root/build/cublas/nvidia/cu13}"
     if [ -d "$cublas" ]; then
       flags+=(-DCMAKE_LIBRARY_PATH="$cublas/lib" -DCMAKE_CUDA_FLAGS="-I$cublas/include"
               -DCMAKE_CXX_FLAGS="-I$cublas/include")
@@ -50,6 +51,7 @@ if [ "$mode" = portable ]; then
   rm -rf "$kit/bin"
   cp -r "$build/bin" "$kit/bin"
   strip --strip-unneeded "$kit/bin"/*
+  tar -C "$kit" -cJf "$kit/bin.tar.xz" bin  # what travels (the device takes 64 MiB)
   echo "$kit/bin/row_cost"
 else
   echo "$build/bin/row_cost"

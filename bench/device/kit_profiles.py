@@ -48,6 +48,11 @@ def regime(out_dir: Path, device: str) -> dict[str, Any] | None:
         "last_row_in_decodes": {k: round(ms / last[1], 3) for k, ms in sorted(last.items())},
         "system_info": verifier.get("system_info", ""),
     }
+    for seqs in (4, 8):
+        many = load(out_dir, f"{device}-27b-x{seqs}")
+        if many is not None:
+            result[f"x{seqs}_in_decodes"] = {k: round(ms / decode, 3)
+                                             for k, ms in sorted(by_k(many).items())}
     for size in DRAFTS:
         draft = load(out_dir, f"{device}-{size}")
         if draft is not None:
@@ -90,6 +95,11 @@ def main(argv: list[str] | None = None) -> None:
     print("\nk rows: decodes with every row's logits (a verifier's step); in brackets, the last "
           "row's only (llama-bench's pp-k).")
     for r in regimes:
+        for seqs in (4, 8):
+            if f"x{seqs}_in_decodes" in r:
+                costs = ", ".join(f"{k} rows each {v:.2f}"
+                                  for k, v in r[f"x{seqs}_in_decodes"].items())
+                print(f"{r['device']}: {seqs} sequences at once, in decodes of one: {costs}")
         print(f"{r['device']}: profile {r['profile']}")
 
 

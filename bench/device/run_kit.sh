@@ -6,12 +6,15 @@
 #
 #   bash bench/device/prepare_kit.sh                  # here, ahead: build/device-kit
 #   bash bench/device/build_kit.sh build/kit-portable   # here, ahead: build/device-kit/bin
-#   # on the device (the run tool), carrying build/device-kit/{bin,llama.cpp.tar.xz,
-#   # llama.cpp/gguf-py,gemma-3-270m.skeleton.gguf}:
+#   # on the device (the run tool), carrying build/device-kit/{bin.tar.xz,
+#   # llama.cpp.tar.xz,gemma-3-270m.skeleton.gguf.xz}:
 #   bash bench/device/run_kit.sh [--skip-cpu] [--skip-gpu]     # $OUT: where results go
+#   SUFFIXD_KIT_VERIFIER=gemma-3-4b bash bench/device/run_kit.sh --skip-gpu   # a rehearsal
+#       on a small machine (the files keep the 27b's names)
 #
 # Writes to $OUT: machine.txt (CPU, GPU, memory), one JSON per measurement (row_cost's
-# output: {cpu,gpu}-{27b,270m,1b}.json) and kit.log. Each stage
+# output: {cpu,gpu}-{27b,270m,1b}.json, and gpu-27b-x{4,8}.json: 4 and 8 sequences at once)
+# and kit.log. Each stage
 # writes its file as soon as it ends, so a run cut short still returns what it measured.
 # Then, here: python bench/device/kit_profiles.py OUT_DIR.
 set -uo pipefail
@@ -42,20 +45,21 @@ export LD_LIBRARY_PATH
 cores="$(lscpu -p=CORE,SOCKET | grep -v '^#' | sort -u | wc -l)"
 log "machine: $(grep -m1 'Model name' "$out/machine.txt" | sed 's/.*: *//'), $(nproc) CPUs, $cores cores"
 
+# The kit travels packed (prepare_kit.sh).
+[ -d "$kit/llama.cpp/gguf-py" ] || tar -C "$kit" -xJf "$kit/llama.cpp.tar.xz" llama.cpp/gguf-py
+[ -f "$kit/gemma-3-270m.skeleton.gguf" ] || xz -dk "$kit/gemma-3-270m.skeleton.gguf.xz"
+[ -x "$kit/bin/row_cost" ] || [ ! -f "$kit/bin.tar.xz" ] || tar -C "$kit" -xJf "$kit/bin.tar.xz"
+
 # Models in memory when it has room: the 27b is 16.5 GB, read at every decode on the CPU.
 models=/dev/shm/suffixd-kit
 [ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1)" -gt 20 ] 2>/dev/null \
   || models="${TMPDIR:-/tmp}/suffixd-kit"
 mkdir -p "$models"
+# One writer, the skeleton read once; the binary's check (or build) runs beside it.
 python3 bench/device/synthetic_gguf.py write "$kit/gemma-3-270m.skeleton.gguf" \
-  -o "$models/gemma-3-270m.gguf" --gguf-py "$kit/llama.cpp/gguf-py" 2>> "$out/kit.log" &
-draft_pid=$!
-python3 bench/device/synthetic_gguf.py write "$kit/gemma-3-270m.skeleton.gguf" --shape gemma-3-1b \
-  -o "$models/gemma-3-1b.gguf" --gguf-py "$kit/llama.cpp/gguf-py" 2>> "$out/kit.log" &
-draft1b_pid=$!
-python3 bench/device/synthetic_gguf.py write "$kit/gemma-3-270m.skeleton.gguf" --shape gemma-3-27b \
-  -o "$models/gemma-3-27b.gguf" --gguf-py "$kit/llama.cpp/gguf-py" 2>> "$out/kit.log" &
-verifier_pid=$!
+  listed="$models/gemma-3-270m.gguf" gemma-3-1b="$models/gemma-3-1b.gguf" \
+  "${SUFFIXD_KIT_VERIFIER:-gemma-3-27b}"="$models/gemma-3-27b.gguf" --gguf-py "$kit/llama.cpp/gguf-py" 2>> "$out/kit.log" &
+writer_pid=$!
 
 # The binary: the portable build that came with the kit, else one built here.
 row_cost="$kit/bin/row_cost"
@@ -70,9 +74,7 @@ if ! grep -q usage "$out/prebuilt.txt"; then
 fi
 log "row_cost: $row_cost"
 
-wait "$draft_pid" || { log "writing the draft model failed"; exit 1; }
-wait "$draft1b_pid" || log "writing the 1b draft failed"
-wait "$verifier_pid" || { log "writing the verifier failed"; exit 1; }
+wait "$writer_pid" || { log "writing the models failed"; exit 1; }
 log "models written: $(du -sh "$models"/*.gguf | tr '\n' ' ')"
 
 measure() {  # NAME MODEL ARGS...: row_cost's JSON to $out/NAME.json
@@ -99,5 +101,9 @@ if [ "$gpu" = 1 ]; then
   measure gpu-270m "$models/gemma-3-270m.gguf" --ngl 99 --prompt 1024 --ks "$ks,48,64" --reps 10
   measure gpu-1b "$models/gemma-3-1b.gguf" --ngl 99 --prompt 1024 --ks 1,2,4,8 --reps 10
   measure gpu-27b "$models/gemma-3-27b.gguf" --ngl 99 --prompt 1024 --ks "$ks,48,64" --reps 10
+  for seqs in 4 8; do  # many agents at once, a KV stream each
+    measure "gpu-27b-x$seqs" "$models/gemma-3-27b.gguf" --ngl 99 --prompt 1024 --seqs "$seqs" \
+      --ks 1,2,4,8 --reps 10
+  done
 fi
 log "done"

@@ -3,14 +3,17 @@ weights cannot travel (issue 48's device kit): a decode costs what its tensors' 
 types make it cost, whatever their values.
 
     python bench/device/synthetic_gguf.py skeleton MODEL.gguf -o SKELETON.gguf
-    python bench/device/synthetic_gguf.py write SKELETON.gguf -o OUT.gguf [--shape gemma-3-27b]
+    python bench/device/synthetic_gguf.py write SKELETON.gguf listed=OUT.gguf \
+        gemma-3-27b=OUT27B.gguf ...
 
 ``skeleton`` keeps a model's metadata (its tokenizer with it) and the list of its tensors
 (name, shape, type) without their data: ~6 MB for gemma-3's 262,144-token vocabulary
-where the embedded model is 253 MB. ``write`` makes a model of that metadata whose tensors
-are those listed, or with ``--shape`` those of a larger model of the same architecture and
-vocabulary under llama.cpp's Q4_K_M recipe, filled with random quantized blocks whose
-scales are small finite numbers.
+where the embedded model is 253 MB. ``write`` makes models of that metadata, one per
+NAME=PATH: ``listed``, the skeleton's own tensors; a shape of ``SHAPES``, a model of the same
+architecture and vocabulary of that size under llama.cpp's Q4_K_M recipe (which gives the
+embedded gemma-3-270m file's 236 tensors their very types). The tensors are random
+quantized blocks whose scales are small finite numbers. The skeleton is read once for all
+(reading 262,144 token strings takes seconds).
 
 gemma-3-27b is the 30B-class shape here (rather than Qwen2.5-32B's) because its family's
 smallest model is the embedded gemma-3-270m: the same vocabulary, so the measured pair is a
@@ -190,58 +193,71 @@ def skeleton(gguf: Any, model: Path, out: Path) -> None:
           file=sys.stderr)
 
 
-def write(gguf: Any, skeleton_path: Path, out: Path, shape_name: str | None, seed: int) -> None:
+def write(gguf: Any, skeleton_path: Path, outputs: list[tuple[str, Path]], seed: int) -> None:
     import numpy as np
 
     reader = gguf.GGUFReader(str(skeleton_path))
     arch = reader.fields["general.architecture"].contents()
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
-    writer = gguf.GGUFWriter(str(out), arch)
-    overrides: dict[str, int] = {}
-    if shape_name is None:
-        tensors = [Tensor(t["name"], tuple(t["shape"]), t["type"])
-                   for t in json.loads(reader.fields[TENSORS_KEY].contents())]
-    else:
-        if arch != "gemma3":
-            raise SystemExit(f"synthetic_gguf: --shape knows gemma3's tensors, not {arch}'s")
-        shape = SHAPES[shape_name]
-        overrides = shape.keys(arch)
-        tensors = gemma3_tensors(shape, vocab)
-    copy_fields(gguf, reader, writer,
-                {"general.architecture", "general.name", TENSORS_KEY, *overrides})
-    for key, value in overrides.items():
-        writer.add_uint32(key, value)
-    name = shape_name or reader.fields["general.name"].contents()
-    writer.add_string("general.name", f"synthetic {name}")
-    rng = np.random.default_rng(seed)
-    for t in tensors:
-        array_shape, dtype, kind = layout(gguf, t)
-        nbytes = int(np.prod(array_shape)) * dtype.itemsize
-        writer.add_tensor_info(t.name, array_shape, dtype, nbytes, raw_dtype=kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for t in tensors:  # one tensor in memory at a time
-        writer.write_tensor_data(tensor_data(gguf, t, rng))
-    writer.close()
-    print(f"synthetic_gguf: {out} ({out.stat().st_size / 2**30:.2f} GiB, {len(tensors)} tensors)",
-          file=sys.stderr)
+    for name, out in outputs:
+        writer = gguf.GGUFWriter(str(out), arch)
+        overrides: dict[str, int] = {}
+        if name == "listed":
+            tensors = [Tensor(t["name"], tuple(t["shape"]), t["type"])
+                       for t in json.loads(reader.fields[TENSORS_KEY].contents())]
+            name = reader.fields["general.name"].contents()
+        else:
+            if arch != "gemma3":
+                raise SystemExit(f"synthetic_gguf: SHAPES are gemma3's, not {arch}'s")
+            overrides = SHAPES[name].keys(arch)
+            tensors = gemma3_tensors(SHAPES[name], vocab)
+        copy_fields(gguf, reader, writer,
+                    {"general.architecture", "general.name", TENSORS_KEY, *overrides})
+        for key, value in overrides.items():
+            writer.add_uint32(key, value)
+        writer.add_string("general.name", f"synthetic {name}")
+        rng = np.random.default_rng(seed)
+        for t in tensors:
+            array_shape, dtype, kind = layout(gguf, t)
+            nbytes = int(np.prod(array_shape)) * dtype.itemsize
+            writer.add_tensor_info(t.name, array_shape, dtype, nbytes, raw_dtype=kind)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for t in tensors:  # one tensor in memory at a time
+            writer.write_tensor_data(tensor_data(gguf, t, rng))
+        writer.close()
+        print(f"synthetic_gguf: {out} ({out.stat().st_size / 2**30:.2f} GiB, "
+              f"{len(tensors)} tensors)", file=sys.stderr)
+
+
+def output(text: str) -> tuple[str, Path]:
+    name, sep, path = text.partition("=")
+    if not sep or (name != "listed" and name not in SHAPES):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: NAME=PATH, NAME being listed or one of {', '.join(sorted(SHAPES))}")
+    return name, Path(path)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("skeleton", "write"))
     parser.add_argument("source", type=Path, help="a model (skeleton) or a skeleton (write)")
-    parser.add_argument("-o", "--output", type=Path, required=True)
-    parser.add_argument("--shape", choices=sorted(SHAPES), help="write: a larger model's shape")
+    parser.add_argument("outputs", nargs="*", type=output,
+                        help="write: NAME=PATH for each model (listed, or a shape's name)")
+    parser.add_argument("-o", "--output", type=Path, help="skeleton: the skeleton's path")
     parser.add_argument("--seed", type=int, default=48)
     parser.add_argument("--gguf-py", type=Path, default=KIT_GGUF_PY)
     args = parser.parse_args(argv)
     gguf = import_gguf(args.gguf_py)
     if args.command == "skeleton":
+        if args.output is None:
+            parser.error("skeleton needs -o SKELETON.gguf")
         skeleton(gguf, args.source, args.output)
     else:
-        write(gguf, args.source, args.output, args.shape, args.seed)
+        if not args.outputs:
+            parser.error("write needs at least one NAME=PATH")
+        write(gguf, args.source, args.outputs, args.seed)
 
 
 if __name__ == "__main__":
