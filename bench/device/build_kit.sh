@@ -22,8 +22,10 @@ build="${1:?usage: build_kit.sh BUILD_DIR [portable|native|cpu]}"
 mode="${2:-portable}"
 kit="${SUFFIXD_DEVICE_KIT:-$root/build/device-kit}"
 jobs="${JOBS:-$(nproc)}"
-common=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc"
-        -DCMAKE_SHARED_LINKER_FLAGS="-static-libstdc++ -static-libgcc" -DLLAMA_CPP_DIR="$(cd "$kit/llama.cpp" && pwd)"
+# libstdc++ stays shared (GCC 12's here: GLIBCXX_3.4.30, glibc 2.34); linked statically it
+# pulled in arc4random and _dl_find_object, glibc 2.35-2.36 symbols a device may lack.
+common=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_EXE_LINKER_FLAGS= -DCMAKE_SHARED_LINKER_FLAGS=
+        -DLLAMA_CPP_DIR="$(cd "$kit/llama.cpp" && pwd)"
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_FA=OFF)
 case "$mode" in
   portable)

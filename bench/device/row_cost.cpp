@@ -7,7 +7,7 @@
 // k is timed both ways: "all" (a verifier's step) and "last" (llama-bench's pp-k).
 //
 //   row_cost MODEL [--ngl N] [--threads T] [--prompt P] [--ks 1,2,4,8] [--reps R]
-//            [--seqs S] [--flash-attn on|off|auto] [--label TEXT]
+//            [--seqs S] [--no-extra-bufts] [--flash-attn on|off|auto] [--label TEXT]
 //
 // Prints one JSON object on stdout: the model, the settings, and per k the median, min and
 // max milliseconds of one decode of k rows, each rep starting from the same P-token
@@ -38,13 +38,15 @@ struct Options {
     int prompt = 256;
     int reps = 5;
     int seqs = 1;
+    bool extra_bufts = true;
     std::vector<int> ks = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
     llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO;
 };
 
 [[noreturn]] void usage(const char * why) {
     std::fprintf(stderr, "row_cost: %s\nusage: row_cost MODEL [--ngl N] [--threads T] [--prompt P] "
-                         "[--ks 1,2,4] [--reps R] [--seqs S] [--flash-attn on|off|auto] [--label TEXT]\n",
+                         "[--ks 1,2,4] [--reps R] [--seqs S] [--no-extra-bufts] [--flash-attn on|off|auto] "
+                         "[--label TEXT]\n",
                  why);
     std::exit(2);
 }
@@ -75,6 +77,7 @@ Options parse(int argc, char ** argv) {
         else if (arg == "--prompt") o.prompt = std::atoi(value().c_str());
         else if (arg == "--reps") o.reps = std::atoi(value().c_str());
         else if (arg == "--seqs") o.seqs = std::atoi(value().c_str());
+        else if (arg == "--no-extra-bufts") o.extra_bufts = false;
         else if (arg == "--ks") o.ks = parse_ks(value());
         else if (arg == "--label") o.label = value();
         else if (arg == "--flash-attn") {
@@ -140,6 +143,9 @@ int main(int argc, char ** argv) {
 
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = o.ngl;
+    // Repacked (and on AMX CPUs, AMX-laid) weights: llama.cpp's default; 0.3.36's AMX
+    // multiply crashed on a Sapphire Rapids VM, hence the switch.
+    mp.use_extra_bufts = o.extra_bufts;
     const double load0 = now_ms();
     llama_model * model = llama_model_load_from_file(o.model.c_str(), mp);
     if (!model) usage(("cannot load " + o.model).c_str());
@@ -206,11 +212,11 @@ int main(int argc, char ** argv) {
     char desc[256];
     llama_model_desc(model, desc, sizeof desc);
     std::printf("{\"model\": \"%s\", \"desc\": \"%s\", \"label\": \"%s\", \"size_bytes\": %llu, "
-                "\"n_params\": %llu, \"ngl\": %d, \"threads\": %d, \"prompt\": %d, \"seqs\": %d, \"reps\": %d, "
+                "\"n_params\": %llu, \"ngl\": %d, \"threads\": %d, \"prompt\": %d, \"seqs\": %d, \"reps\": %d, \"extra_bufts\": %s, "
                 "\"flash_attn\": \"%s\", \"load_ms\": %.1f, \"prefill_ms\": %.1f, \"rows\": [",
                 o.model.c_str(), desc, o.label.c_str(), (unsigned long long) llama_model_size(model),
                 (unsigned long long) llama_model_n_params(model), o.ngl, (int) cp.n_threads, o.prompt,
-                o.seqs, o.reps, llama_flash_attn_type_name(o.flash_attn), load_ms, prefill_ms);
+                o.seqs, o.reps, o.extra_bufts ? "true" : "false", llama_flash_attn_type_name(o.flash_attn), load_ms, prefill_ms);
     for (size_t i = 0; i < o.ks.size(); ++i) {
         const int k = o.ks[i];
         const Timing all = time_rows(k, true);
