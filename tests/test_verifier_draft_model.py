@@ -115,7 +115,8 @@ def test_policy_explores_while_its_acceptance_is_uncertain() -> None:
 
 def test_policy_weighs_the_context_the_draft_model_must_catch_up_on() -> None:
     """A long new prompt the draft model has not read costs its evaluation first: the
-    policy drafts only where DRAFT_HORIZON tokens at the plan's gain win it back."""
+    policy drafts only where an episode's tokens at the plan's gain win it back
+    (DRAFT_HORIZON before any episode ended)."""
     verify = F32_VERIFY
     lag = [0]
     policy = AdaptiveDrafter(lambda c, k, key="d": [1] * k, verify, draft_seconds=0.01545,
@@ -123,14 +124,44 @@ def test_policy_weighs_the_context_the_draft_model_must_catch_up_on() -> None:
     for _ in range(30):
         policy.observe(ModelDraft([1, 1, 1, 1]), 4)
     k, gain = policy.plan(8)
-    assert k > 0
-    saved = DRAFT_HORIZON * verify[1] * (1 - 1 / gain)
-    most = int(saved / (CATCH_UP_ROW * 0.01545))
-    assert 10 < most < 800  # a new spider_dev turn's rows at most, a tool output's not
-    for lag[0], drafts in ((0, True), (most, True), (most + 1, False), (800, False)):
+    assert k > 0 and policy.episode_tokens == DRAFT_HORIZON
+    assert policy.catch_up_row_s == pytest.approx(CATCH_UP_ROW * 0.01545)
+
+    def most() -> int:  # the longest catch-up the next restart may pay for
+        saved = policy.episode_tokens * verify[1] * (1 - 1 / policy.plan(8)[1])
+        return int(saved / policy.catch_up_row_s)
+
+    assert 10 < most() < 800  # a new spider_dev turn's rows at most, a tool output's not
+    for lag_of, drafts in ((lambda: 0, True), (most, True), (lambda: most() + 1, False),
+                           (lambda: 800, False)):
         policy.draft_seconds = 0.01545  # the fake drafts in no time: keep the price
-        assert (policy([0], 8) is not None) == drafts, (lag[0], most)
+        lag[0] = lag_of()
+        assert (policy([0], 8) is not None) == drafts, (lag[0], most())
     assert policy.counts["behind"] == 2
+
+
+def test_short_episodes_make_catch_ups_dear() -> None:
+    """The trees come first, so the draft model drafts in episodes between their drafts:
+    where each episode yields a few tokens, a catch-up that a 64-token horizon paid for
+    is no longer won back, while a continuing episode's next draft never waits."""
+    verify = F32_VERIFY
+    lag = [0]
+    policy = AdaptiveDrafter(lambda c, k, key="d": [1] * k, verify, draft_seconds=0.01545,
+                             behind=lambda c, key: lag[0])
+    for _ in range(30):
+        policy.observe(ModelDraft([1, 1, 1, 1]), 4)
+    for _ in range(12):  # episodes of one draft, each opened by a 20-row catch-up
+        policy.draft_seconds = 0.01545  # the fake drafts in no time: keep the price
+        lag[0] = 20
+        draft = policy([0], 8)
+        if draft is None:
+            break
+        policy.observe(draft, 2)  # 3 tokens yielded, then the trees again
+    else:
+        raise AssertionError(policy.stats())
+    assert policy.episode_tokens < 20, policy.stats()
+    lag[0] = 2  # the slot lacks only the last step's tokens: a continuation
+    assert policy([0], 8) is not None
 
 
 def test_policy_prices_drafts_at_what_they_take_in_use() -> None:

@@ -43,6 +43,17 @@ EXPLORE_Z = 2.0
 # verifier's one agent from 78.8 s (llama-server's best) to 103.7 s.
 CATCH_UP_ROW = 0.2
 DRAFT_HORIZON = 64
+# ... but the trees come first (FallbackProposer): the draft model drafts in episodes, from
+# a step where the trees have nothing to the next where they have something, and a
+# catch-up must be won back within the episode it opens. On an F32 verifier's prose
+# (2026-11-30, Zen 3) the episodes were short: 519 context tokens caught up for 197
+# drafted, each use's catch-up (~7 rows, ~38 ms) above its draft's saving (~33 ms), and
+# the daemon 18% slower with the draft model. A restart's horizon is the episodes' recent
+# mean (tokens yielded), DRAFT_HORIZON before any. A call is an episode's continuation when
+# its slot lacks at most the verifier's step since its last draft: its last drafted token
+# and the verifier's own (``behind`` <= CONTINUING).
+EPISODE_EMA = 0.3
+CONTINUING = 2
 # The weight of each draft's own timing in the drafted token's cost
 DRAFT_TIME_EMA = 0.2
 MARGIN = 1.05  # demand a 5% expected gain before paying for drafts
@@ -126,6 +137,7 @@ class DraftModel:
         # context tokens the draft model evaluated, and those its slots already held
         self.context_evaluated = 0
         self.context_reused = 0
+        self.last_evaluate_s = 0.0  # the last draft's catch-up (AdaptiveDrafter prices it)
         # the context each key's slot last held (most recent last): what it is behind by
         self._held: dict[str, list[int]] = {}
         self._held_max = 2 * (n_slots or target.n_slots)
@@ -143,6 +155,7 @@ class DraftModel:
         session's: its earlier drafts' context is reused)."""
         with self._lock:
             got = self._llm.greedy_draft(f"draft\x00{key}", context, k)
+            self.last_evaluate_s = got.evaluate_s
             self.context_reused += got.reused
             self.context_evaluated += got.evaluated
             self._held.pop(key, None)
@@ -182,6 +195,7 @@ class AdaptiveDrafter:
         draft_seconds: float,
         max_tokens: int = 8,
         behind: Callable[[Sequence[int], str], int] | None = None,
+        evaluate_seconds: Callable[[], float] | None = None,
     ) -> None:
         self._draft = draft
         self._behind = behind
@@ -194,7 +208,13 @@ class AdaptiveDrafter:
         self._since_probe = 0
         self._lock = threading.Lock()
         self.counts = {"used": 0, "skipped": 0, "probes": 0, "explored": 0, "drafted": 0,
-                       "accepted": 0, "behind": 0}
+                       "accepted": 0, "behind": 0, "caught_up": 0, "episodes": 0}
+        self.draft_s = 0.0  # in the draft calls used, catch-ups included
+        self._evaluate_s = evaluate_seconds
+        # a row of catch-up, measured (evaluate_seconds) on restarts
+        self.catch_up_row_s = CATCH_UP_ROW * draft_seconds
+        self.episode_tokens = float(DRAFT_HORIZON)  # the recent mean (tokens yielded)
+        self._episode = 0  # tokens yielded in the episode under way
         # "measured": both models' costs timed; "provisional": see provisional()
         self.costs = "measured"
 
@@ -203,10 +223,12 @@ class AdaptiveDrafter:
         new costs change the plan, not what the draft model was seen to get right."""
         with earlier._lock:
             hits, trials, counts = earlier._hits, earlier._trials, dict(earlier.counts)
-            tried = earlier._tried
+            tried, draft_s = earlier._tried, earlier.draft_s
+            episode_tokens, catch_up_row_s = earlier.episode_tokens, earlier.catch_up_row_s
         with self._lock:
             self._hits, self._trials, self.counts = hits, trials, counts
-            self._tried = tried
+            self._tried, self.draft_s = tried, draft_s
+            self.episode_tokens, self.catch_up_row_s = episode_tokens, catch_up_row_s
 
     @property
     def acceptance(self) -> float:
@@ -232,14 +254,15 @@ class AdaptiveDrafter:
         return self.verify_seconds[lo] * (1 - f) + self.verify_seconds[hi] * f
 
     def worth_catching_up(self, behind: int, gain: float) -> bool:
-        """Whether evaluating ``behind`` context tokens first is won back within
-        DRAFT_HORIZON tokens decoded at ``gain`` times plain decoding's rate."""
-        if behind <= 0:
+        """Whether evaluating ``behind`` context tokens first (a new episode's catch-up)
+        is won back within an episode's tokens (``episode_tokens``) decoded at ``gain``
+        times plain decoding's rate."""
+        if behind <= CONTINUING:
             return True
         if gain <= 1.0:
             return False
-        saved = DRAFT_HORIZON * self._t_verify(1) * (1.0 - 1.0 / gain)
-        return behind * CATCH_UP_ROW * self.draft_seconds <= saved
+        saved = self.episode_tokens * self._t_verify(1) * (1.0 - 1.0 / gain)
+        return behind * self.catch_up_row_s <= saved
 
     def plan(self, limit: int, acceptance: float | None = None) -> tuple[int, float]:
         """(best k, its expected tokens/s relative to plain decoding); k = 0: don't draft."""
@@ -287,21 +310,36 @@ class AdaptiveDrafter:
             if explored:
                 self.counts["explored"] += 1
             self.counts["used"] += 1
+            self.counts["caught_up"] += behind  # context tokens evaluated before drafting
+            restart = behind > CONTINUING
+            if restart:
+                if self._episode:
+                    self.episode_tokens += EPISODE_EMA * (self._episode - self.episode_tokens)
+                self._episode = 0
+                self.counts["episodes"] += 1
         t0 = time.perf_counter()
         tokens = self._draft(context, k, key)
         if tokens:
             # what a drafted token costs in use (the call's own prefill of the tokens
             # accepted since, the daemon's step machinery): the start-up timing measures
-            # the decode loop alone and priced F32 drafts at 15 ms where prose paid more
-            per_token = (time.perf_counter() - t0) / len(tokens)
+            # the decode loop alone and priced F32 drafts at 15 ms where prose paid more.
+            # A restart's catch-up is priced apart (catch_up_row_s), not per token.
+            took = time.perf_counter() - t0
+            loop = took
             with self._lock:
-                self.draft_seconds += DRAFT_TIME_EMA * (per_token - self.draft_seconds)
+                if restart and self._evaluate_s is not None:
+                    caught = min(self._evaluate_s(), took)
+                    loop -= caught
+                    self.catch_up_row_s += DRAFT_TIME_EMA * (caught / behind - self.catch_up_row_s)
+                self.draft_s += took
+                self.draft_seconds += DRAFT_TIME_EMA * (loop / len(tokens) - self.draft_seconds)
         return ModelDraft(tokens) if tokens else None
 
     def observe(self, draft: Any, accepted: int, new: Sequence[int] | None = None) -> None:
         """Learn the per-token acceptance (a verifier's on_step; ``new`` is not needed)."""
         n = len(draft.path())
         with self._lock:
+            self._episode += accepted + 1  # with the verifier's own token
             # per-token acceptance: a run of `accepted` hits ended by a miss (if any)
             trials = accepted + (1 if accepted < n else 0)
             self._hits = self._hits * DECAY**trials + accepted
@@ -317,6 +355,10 @@ class AdaptiveDrafter:
                 **self.counts,
                 "acceptance": round(self.acceptance, 3),
                 "draft_ms_per_token": round(self.draft_seconds * 1000, 3),
+                "in_use_ms_per_token": round(
+                    1000 * self.draft_s / max(1, self.counts["drafted"]), 3),
+                "catch_up_ms_per_row": round(1000 * self.catch_up_row_s, 3),
+                "episode_tokens": round(self.episode_tokens, 1),
                 "verify_ms": {k_: round(v * 1000, 3) for k_, v in self.verify_seconds.items()},
                 "planned_k": k,
                 "expected_speedup": round(gain, 3),
@@ -349,7 +391,7 @@ def provisional(target: Verifier, draft_model: DraftModel,
     verify = {k: one * (1 + PROVISIONAL_ROW * (k - 1)) for k in range(1, max_tokens + 2)}
     policy = AdaptiveDrafter(draft_model.draft, verify,
                              draft_seconds_per_token(target, draft_model), max_tokens,
-                             draft_model.behind)
+                             draft_model.behind, lambda: draft_model.last_evaluate_s)
     policy.costs = "provisional"
     return policy
 
@@ -366,7 +408,7 @@ def measure(target: Verifier, draft_model: DraftModel, max_tokens: int = 8,
     per_token = draft_seconds if draft_seconds is not None \
         else draft_seconds_per_token(target, draft_model)
     return AdaptiveDrafter(draft_model.draft, verify_seconds, per_token, max_tokens,
-                           draft_model.behind)
+                           draft_model.behind, lambda: draft_model.last_evaluate_s)
 
 
 class FallbackProposer:

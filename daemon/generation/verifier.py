@@ -90,7 +90,7 @@ class GreedyDraft(NamedTuple):
     tokens: list[int]
     reused: int
     evaluated: int
-
+    evaluate_s: float = 0.0  # evaluating them, before the first drafted token
 
 class Verifier(KvSlots, CostMeasurement, Certification):
     """A target GGUF model with per-session KV slots and a speculative decoding loop."""
@@ -470,16 +470,18 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                 k = min(k, self.n_ctx - len(ctx))
                 if k < 1:
                     return GreedyDraft([], common, 0)
+                t0 = time.perf_counter()
                 for pos in range(len(slot.tokens), len(ctx), self.n_batch):
                     part = ctx[pos:pos + self.n_batch]
                     self._decode(slot.seq_id, part, pos, all_logits=False)
                     slot.tokens.extend(part)
+                evaluate_s = time.perf_counter() - t0
                 out = [int(np.argmax(self._logits_view(-1)))]
                 while len(out) < k:
                     self._decode(slot.seq_id, out[-1:], len(slot.tokens), all_logits=True)
                     slot.tokens.append(out[-1])
                     out.append(int(np.argmax(self._logits_view(-1))))
-                return GreedyDraft(out, common, len(ctx) - common)
+                return GreedyDraft(out, common, len(ctx) - common, evaluate_s)
         finally:
             self._release_slot(slot)
 
