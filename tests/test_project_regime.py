@@ -47,15 +47,15 @@ def _sessions() -> list[Session]:
 def test_projection_orders_and_costs_the_sources() -> None:
     pr = _load()
     # a perfect, free draft model: as good as it gets; the trees alone are not
-    free = pr.project(_sessions(), slope=0.05, accept=1.0, draft_cost=0.0, max_tokens=8,
-                      seed=0)
+    free = pr.project(_sessions(), pr.linear_profile(0.05), accept=1.0, draft_cost=0.0,
+                      max_tokens=8, seed=0)
     assert free["model"]["model_k"] == 8
     assert free["model"]["speedup"] > 5
     assert free["trees+model"]["speedup"] >= free["trees"]["speedup"]
     # the trees first: where they draft, the draft model is not asked
     assert free["trees+model"]["model_steps"] < free["model"]["model_steps"]
     # a draft model as dear as the verifier never pays: the policy declines it (k = 0)
-    dear = pr.project(_sessions(), slope=0.05, accept=0.7, draft_cost=1.0, max_tokens=8,
-                      seed=0)
+    dear = pr.project(_sessions(), pr.linear_profile(0.05), accept=0.7, draft_cost=1.0,
+                      max_tokens=8, seed=0)
     assert dear["model"]["model_k"] == 0 and dear["model"]["speedup"] == 1.0
     assert dear["trees+model"]["speedup"] == dear["trees"]["speedup"]
