@@ -55,9 +55,10 @@ def main() -> None:
         at_start = policy.stats()
         wall = {"plain": 0.0, "draft model": 0.0}
         texts: dict[str, list[list[int]]] = {"plain": [], "draft model": []}
+        turns = [target.tokenize(text, add_bos=True, special=True)
+                 for text in prompts(args.workload, args.turns)]
         for rep in range(args.repeat):
-            for i, text in enumerate(prompts(args.workload, args.turns)):
-                tokens = target.tokenize(text, add_bos=True, special=True)
+            for i, tokens in enumerate(turns):
                 order = ["plain", "draft model"] if (rep + i) % 2 == 0 else \
                     ["draft model", "plain"]
                 for mode in order:

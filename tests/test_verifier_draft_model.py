@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -218,56 +219,60 @@ def test_real_draft_model_measured_and_lossless() -> None:
         target.close()
 
 
-def test_the_draft_model_keeps_each_sessions_context_in_a_slot_of_its_own() -> None:
-    # Two sessions drafting in turn: each one's context stays evaluated in its slot (one
-    # slot shared by both evaluated the other's whole context again at every switch).
+@pytest.fixture
+def pair() -> Iterator[tuple[Verifier, DraftModel]]:
+    """The embedded model as both the target (two slots) and its own draft model."""
     target = Verifier(embedded_model_path(), n_threads=THREADS, n_ctx=1024, n_slots=2)
     dm = DraftModel(embedded_model_path(), target)
     try:
-        a = target.tokenize("Schema: CREATE TABLE singer (id, name, age); SQL:", add_bos=True)
-        b = target.tokenize("def fibonacci(n):\n    if n < 2:\n        return n", add_bos=True)
-        assert dm.behind(a, "a") == len(a)  # nothing held yet
-        first_a = dm.draft(a, 3, "a")
-        # the slot holds the context and the draft but its last token (never decoded)
-        assert dm.behind(a, "a") == 0 and dm.behind(a + first_a, "a") == 1
-        # a context that parts from the held one two tokens before its end
-        parted = [*a[:-2], a[-2] + 1, a[-1]]
-        assert dm.behind(parted, "a") == 2 and dm.behind(a[:-3], "a") == 0
-        dm.draft(b, 3, "b")
-        assert dm.behind(a + first_a, "a") == 1  # b's draft left a's slot alone
-        evaluated = dm.context_evaluated
-        assert evaluated >= len(a) + len(b) - 2  # all but the last token of each
-        # a again, grown by its draft: only what is new is evaluated (its last token)
-        again = dm.draft(a + first_a, 3, "a")
-        assert len(again) == 3
-        assert dm.context_evaluated - evaluated == 1, (
-            dm.context_evaluated - evaluated, dm.context_reused)
-        assert dm.context_reused >= len(a) - 1
-        # drafts are the draft model's greedy continuation whatever the slot
-        assert dm.draft(a, 3, "c") == first_a
+        yield target, dm
     finally:
         dm.close()
         target.close()
 
 
-def test_a_draft_is_the_draft_models_greedy_continuation() -> None:
+def test_the_draft_model_keeps_each_sessions_context_in_a_slot_of_its_own(
+        pair: tuple[Verifier, DraftModel]) -> None:
+    # Two sessions drafting in turn: each one's context stays evaluated in its slot (one
+    # slot shared by both evaluated the other's whole context again at every switch).
+    target, dm = pair
+    a = target.tokenize("Schema: CREATE TABLE singer (id, name, age); SQL:", add_bos=True)
+    b = target.tokenize("def fibonacci(n):\n    if n < 2:\n        return n", add_bos=True)
+    assert dm.behind(a, "a") == len(a)  # nothing held yet
+    first_a = dm.draft(a, 3, "a")
+    # the slot holds the context and the draft but its last token (never decoded)
+    assert dm.behind(a, "a") == 0 and dm.behind(a + first_a, "a") == 1
+    # a context that parts from the held one two tokens before its end
+    parted = [*a[:-2], a[-2] + 1, a[-1]]
+    assert dm.behind(parted, "a") == 2 and dm.behind(a[:-3], "a") == 0
+    dm.draft(b, 3, "b")
+    assert dm.behind(a + first_a, "a") == 1  # b's draft left a's slot alone
+    evaluated = dm.context_evaluated
+    assert evaluated >= len(a) + len(b) - 2  # all but the last token of each
+    # a again, grown by its draft: only what is new is evaluated (its last token)
+    again = dm.draft(a + first_a, 3, "a")
+    assert len(again) == 3
+    assert dm.context_evaluated - evaluated == 1, (
+        dm.context_evaluated - evaluated, dm.context_reused)
+    assert dm.context_reused >= len(a) - 1
+    # drafts are the draft model's greedy continuation whatever the slot
+    assert dm.draft(a, 3, "c") == first_a
+
+
+def test_a_draft_is_the_draft_models_greedy_continuation(
+        pair: tuple[Verifier, DraftModel]) -> None:
     # The draft loop decodes outside the step batcher (Verifier.greedy_draft): its tokens
     # are the model's own greedy choices, those of generate, up to a near-tie (a batch of
     # other shape may round a logit the other way there, on some CPU's kernels).
-    target = Verifier(embedded_model_path(), n_threads=THREADS, n_ctx=1024, n_slots=2)
-    dm = DraftModel(embedded_model_path(), target)
-    try:
-        prompt = target.tokenize("Schema: CREATE TABLE singer (id, name, age); SQL:", add_bos=True)
-        params = GenerateParams(max_tokens=12, ignore_eos=True, max_draft=0, record_gaps=True)
-        ref = [g for c in target.generate("p", prompt, params) for g in c.gaps]
-        for start, k in ((0, 6), (6, 6)):  # the second continues in the same slot
-            drafted = dm.draft(prompt + [g.token for g in ref[:start]], k, "s")
-            assert len(drafted) == k
-            for g, token in zip(ref[start:start + k], drafted, strict=True):
-                if token != g.token:
-                    assert g.shortfall(token) <= NEAR_TIE_GAP, (start, drafted, ref)
-                    return
-        assert dm.context_evaluated == len(prompt) + 1  # the second: the first draft's last
-    finally:
-        dm.close()
-        target.close()
+    target, dm = pair
+    prompt = target.tokenize("Schema: CREATE TABLE singer (id, name, age); SQL:", add_bos=True)
+    params = GenerateParams(max_tokens=12, ignore_eos=True, max_draft=0, record_gaps=True)
+    ref = [g for c in target.generate("p", prompt, params) for g in c.gaps]
+    for start, k in ((0, 6), (6, 6)):  # the second continues in the same slot
+        drafted = dm.draft(prompt + [g.token for g in ref[:start]], k, "s")
+        assert len(drafted) == k
+        for g, token in zip(ref[start:start + k], drafted, strict=True):
+            if token != g.token:
+                assert g.shortfall(token) <= NEAR_TIE_GAP, (start, drafted, ref)
+                return
+    assert dm.context_evaluated == len(prompt) + 1  # the second: the first draft's last

@@ -45,6 +45,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from suffixcache import common_prefix_length
+
 from ..model import (
     extra_weight_buffers,
     flash_attention_wanted,
@@ -444,6 +446,20 @@ class Verifier(KvSlots, CostMeasurement, Certification):
 
     # -------------------------------------------------------------- generation
 
+    def _check_tokens(self, tokens: list[int]) -> None:
+        """Refuse tokens outside the vocabulary, and any work once the verifier is closed."""
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} outside the vocabulary (0..{self.vocab_size - 1})")
+        if self._closed:
+            raise RuntimeError("verifier is closed")
+
+    @staticmethod
+    def _held_prefix(slot: Slot, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` the slot already holds, the last one never: it is
+        evaluated again for the logits that follow it."""
+        return common_prefix_length(slot.tokens, tokens[:-1])
+
     def greedy_draft(self, session_key: str, context: Sequence[int], k: int) -> GreedyDraft:
         """Up to ``k`` greedy tokens after ``context``, decoded one after another in the
         session's slot with the model held alone: a draft model's loop, as llama-server
@@ -454,19 +470,11 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         ctx = [int(t) for t in context]
         if not ctx or k < 1:
             return GreedyDraft([], 0, 0)
-        bad = [t for t in ctx if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} outside the vocabulary (0..{self.vocab_size - 1})")
-        if self._closed:
-            raise RuntimeError("verifier is closed")
+        self._check_tokens(ctx)
         slot = self._acquire_slot(session_key)
         try:
             with self._turns:
-                common = 0
-                limit = min(len(slot.tokens), len(ctx) - 1)  # the last one gives the logits
-                while common < limit and slot.tokens[common] == ctx[common]:
-                    common += 1
-                common = self._keep_prefix(slot, common)
+                common = self._keep_prefix(slot, self._held_prefix(slot, ctx))
                 k = min(k, self.n_ctx - len(ctx))
                 if k < 1:
                     return GreedyDraft([], common, 0)
@@ -513,11 +521,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         prompt = [int(t) for t in prompt_tokens]
         if not prompt:
             raise ValueError("empty prompt")
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} outside the vocabulary (0..{self.vocab_size - 1})")
-        if self._closed:
-            raise RuntimeError("verifier is closed")
+        self._check_tokens(prompt)
         # from its arrival: the cost measurement waits while it waits for a slot, and its
         # queueing before the first step is counted
         with self._steps.request() as request:
@@ -561,11 +565,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         steps and keep checkpoints on the way. The last prompt token stays out of the
         cache: the first decoding step evaluates it together with a draft."""
         slot, prompt = run.slot, run.prompt
-        common = 0
-        limit = min(len(slot.tokens), len(prompt) - 1)
-        while common < limit and slot.tokens[common] == prompt[common]:
-            common += 1
-        common = self._reusable_prefix(slot, common)
+        common = self._reusable_prefix(slot, self._held_prefix(slot, prompt))
         # ... or a longer prefix from another conversation's checkpoint
         new_conversation = common == 0
         common = self._restore_checkpoint(slot, cache_scope, prompt, common)
