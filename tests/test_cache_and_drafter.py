@@ -262,6 +262,21 @@ def test_cost_profile_parsing() -> None:
             CostProfile.from_json(bad)
 
 
+def test_cost_past_the_profile_grows_at_its_upper_half_slope_not_its_last_segment() -> None:
+    # a measured profile whose last two sizes cost the same (a padded shape, or noise):
+    # rows past it still cost what the upper half of the profile says a row costs
+    pts = {k: 1.0 + 0.37 * (k - 1) for k in range(1, 33)}
+    pts[33] = pts[32]
+    prof = CostProfile.from_mapping(pts)
+    assert prof.tail_slope() == pytest.approx(0.37, rel=0.1)
+    assert prof.cost(216) == pytest.approx(pts[33] + prof.tail_slope() * (216 - 33))
+    assert prof.cost(216) > 60 * prof.cost(1)
+    # a falling upper half (noise) stays flat, never cheaper than its last point
+    falling = CostProfile.from_mapping({1: 1.0, 8: 3.0, 16: 2.5})
+    assert falling.cost(40) == pytest.approx(2.5)
+    assert CostProfile.flat().cost(500) == 1.0
+
+
 def test_concurrent_readers_and_writers() -> None:
     cache = SuffixCache(max_depth=32, global_budget_tokens=2000)
     drafter = Drafter(cache)

@@ -25,6 +25,7 @@ from suffixd.daemon.generation.step_planner import (
     plan_step,
     prompt_cap,
     step_cost,
+    ubatch_cost,
 )
 
 
@@ -108,27 +109,28 @@ def test_a_plan_keeps_every_rule(spec, n_batch, rate, modelled, logits, n_ubatch
     for i, r in enumerate(plan):
         if not r.prompt:
             assert sum(i in u.members for u in ubatches) == 1, (plan, ubatches)
-    # by sequence id (llama.cpp's split takes runs of consecutive ids in batch order);
-    # every sequence at most once
+    # with prompt chunks, by sequence id (llama.cpp's split takes runs of consecutive ids
+    # in batch order); every sequence at most once
     seqs = [r.seq_id for r in plan]
-    assert seqs == sorted(seqs)
+    if any(r.prompt for r in plan) or modelled:
+        assert seqs == sorted(seqs)
     assert len({id(r) for r in plan}) == len(plan)
 
 
 @settings(max_examples=300, deadline=None)
 @given(requests, st.floats(0.5, 6.0))
-def test_consecutive_sequences_get_equal_rows_when_room_and_budget_allow(spec, rate) -> None:
+def test_the_sequences_of_a_ubatch_get_equal_rows_when_room_and_budget_allow(spec, rate) -> None:
     pending = [r for r in _build(spec) if not r.prompt]
     if not pending:
         return
     plan = plan_step(pending, 512, cpu_like, rate)
     if len(plan) == 1:
         return
-    by_seq = {r.seq_id: r for r in plan}
-    for r in plan:
-        nxt = by_seq.get(r.seq_id + 1)
-        if nxt is not None and r.room >= nxt.rows and nxt.room >= r.rows:
-            assert r.rows == nxt.rows
+    entries = [Entry(r.seq_id, r.rows, r.outputs, r.pos0) for r in plan]
+    for u in split_equal(entries, 512):
+        rows = [plan[i].rows for i in u.members]
+        if all(plan[i].room >= max(rows) for i in u.members):
+            assert len(set(rows)) == 1, (plan, u)
 
 
 @settings(max_examples=300, deadline=None)
@@ -330,6 +332,169 @@ def test_a_plan_takes_the_layout_its_model_prices_lowest_unless_it_splits_a_draf
     assert plan([4, 1, 1, 1, 1, 1, 1, 1]) == [1] * 8
     assert plan([4, 1, 1, 4, 1, 1, 4, 1]) == [4] * 8
     assert plan([1] * 8) == [1] * 8
+
+
+def _partitions(n: int, breaks: set[int]):
+    """Every partition of positions 0..n-1 into intervals, none spanning a break (a
+    position whose id does not follow its predecessor's)."""
+    if n == 0:
+        yield []
+        return
+    for cut in range(n - 1, -1, -1):
+        if any(b in breaks for b in range(cut + 1, n)):
+            continue
+        for rest in _partitions(cut, breaks):
+            yield [*rest, range(cut, n)]
+
+
+def _grouped_price_reference(reqs: list[StepRows], kept: list[int], cost,
+                             n_ubatch: int) -> float:
+    """The cheapest layout of ``kept`` by brute force: every partition of each run of
+    consecutive ids into ubatches, each padded to its longest and priced by
+    ``step_cost``; a ubatch of several sequences holds at most n_ubatch rows, and each of
+    them room for the longest."""
+    order = sorted(range(len(reqs)), key=lambda i: reqs[i].seq_id)
+    ids = [reqs[i].seq_id for i in order]
+    breaks = {k for k in range(1, len(ids)) if ids[k] != ids[k - 1] + 1}
+    best = math.inf
+    for part in _partitions(len(order), breaks):
+        total = 0.0
+        for g in part:
+            members = [order[x] for x in g]
+            longest = max(kept[i] for i in members)
+            if len(members) > 1 and (longest * len(members) > n_ubatch
+                                     or any(reqs[i].room < longest for i in members)):
+                total = math.inf  # unequal rows, or too many: not one ubatch
+                break
+            total += step_cost(cost, [longest] * len(members), [kept[i] for i in members])
+        best = min(best, total)
+    return best
+
+
+def _grouped_joint_reference(reqs: list[StepRows], cost, rate: float,
+                             n_ubatch: int) -> list[int]:
+    """The joint rule (best candidates first) with each plan priced by brute force."""
+    if len(reqs) > 16:
+        raise ValueError("the brute force is for steps the dynamic program plans")
+    kept = [1 if r.probs is not None else r.kept for r in reqs]
+    cands = []
+    for i, r in enumerate(reqs):
+        if r.probs is None:
+            continue
+        low = 1.0
+        for j, p in enumerate(r.probs[: r.kept - 1]):
+            low = min(low, float(p))
+            cands.append((-low, j, i))
+    cands.sort()
+    plain = _grouped_price_reference(reqs, kept, cost, n_ubatch)
+    rate = max(rate, sum(kept) / plain)
+    expected = float(len(reqs))
+    best, best_kept = expected - rate * plain, list(kept)
+    # candidates below what the cheapest row adds, at the profile's mean slope, are not
+    # priced (the planner's bound on its own time)
+    top = max(2, max(len(r.tokens) for r in reqs))
+    floor = rate * (1 - PAD_ROW_WEIGHT) * (cost(top) - cost(1)) / (top - 1)
+    for neg_p, j, i in cands:
+        if kept[i] != j + 1:
+            continue
+        if -neg_p < floor:
+            break
+        kept[i] += 1
+        expected -= neg_p
+        v = expected - rate * _grouped_price_reference(reqs, kept, cost, n_ubatch)
+        if v > best + 1e-9:
+            best, best_kept = v, list(kept)
+    return best_kept
+
+
+@settings(max_examples=300, deadline=None)
+@given(joint_requests, st.floats(0.2, 8.0), st.sampled_from([linear, cpu_like]),
+       st.sampled_from([8, 16, 512]))
+def test_grouped_joint_lengths_equal_the_brute_force_reference(spec, rate, cost,
+                                                               n_ubatch) -> None:
+    """A decode-only step's plan, each candidate priced under its cheapest ubatch layout
+    (dynamic program, recomputed from the sequence that changed), equals the same rule
+    priced by enumerating every layout."""
+    reqs = []
+    for seq, draft, room, kept, whole in spec:
+        r = _decode(seq, draft, room=room)
+        r.kept = min(len(r.tokens), kept)
+        if whole:
+            r.probs = None
+        reqs.append(r)
+    got = joint_lengths(reqs, cost, rate, grouped_ubatch=n_ubatch)
+    want = _grouped_joint_reference(reqs, cost, rate, n_ubatch)
+    # ties between plans of equal value may resolve either way: compare their values
+    rate_ = max(rate, sum(1 if r.probs is not None else r.kept for r in reqs) /
+                _grouped_price_reference(reqs, [1 if r.probs is not None else r.kept
+                                                for r in reqs], cost, n_ubatch))
+
+    def value(kept: list[int]) -> float:
+        e = sum(1.0 + (sum(r.probs[: k - 1]) if r.probs is not None else 0.0)
+                for r, k in zip(reqs, kept, strict=True))
+        return e - rate_ * _grouped_price_reference(reqs, kept, cost, n_ubatch)
+
+    assert value(got) == pytest.approx(value(want), abs=1e-9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(joint_requests, st.floats(0.2, 8.0), st.sampled_from([linear, cpu_like]),
+       st.sampled_from([16, 512]))
+def test_a_decode_only_step_is_split_into_the_ubatches_it_was_priced_as(
+        spec, rate, cost, n_ubatch) -> None:
+    """llama.cpp's sequential split of the planned batch (its order as planned) gives the
+    layout the plan priced: no decode spans two ubatches, and the ubatches' price is the
+    cheapest layout's for the kept rows."""
+    reqs = []
+    for seq, draft, room, kept, whole in spec:
+        r = _decode(seq, draft, room=room)
+        r.kept = min(len(r.tokens), kept)
+        if whole:
+            r.probs = None
+        reqs.append(r)
+    plan = plan_step(reqs, 512, cost, rate, n_ubatch=n_ubatch)
+    entries = [Entry(r.seq_id, r.rows, r.kept, r.pos0) for r in plan]
+    ubatches = split_equal(entries, n_ubatch)
+    for i in range(len(plan)):
+        assert sum(i in u.members for u in ubatches) == 1, (plan, ubatches)
+    if len(plan) > 1 and sum(r.rows for r in plan) <= 512:
+        assert ubatch_cost(cost, plan, n_ubatch) == pytest.approx(
+            _grouped_price_reference(plan, [r.kept for r in plan], cost, n_ubatch))
+
+
+def test_a_sure_long_draft_takes_a_ubatch_of_its_own_instead_of_padding_its_neighbours() -> None:
+    """Eight sequences, one with a sure 26-token copy (spider_dev at N = 8): the copy is
+    verified whole in a ubatch of its own, and the seven others are not padded to it."""
+    cost = linear
+    reqs = [_decode(s, [0.05] * 4) for s in range(8)]
+    reqs[5] = _decode(5, [0.99] * 26)
+    for r in reqs:
+        r.kept = len(r.tokens)
+    plan = plan_step(reqs, 512, cost, 1.0)
+    by_seq = {r.seq_id: r for r in plan}
+    assert by_seq[5].kept == by_seq[5].rows == 27
+    assert all(by_seq[s].rows == 1 for s in range(8) if s != 5)
+    ubatches = split_equal([Entry(r.seq_id, r.rows, r.kept, r.pos0) for r in plan], 512)
+    assert sorted(tuple(plan[i].seq_id for i in u.members) for u in ubatches) == \
+        [(0, 1, 2, 3, 4), (5,), (6, 7)]
+    # the old rule (every run of consecutive ids one ubatch) padded all eight to 27 rows
+    # or cut the copy; the grouped plan costs less than either
+    padded = step_cost(cost, [27] * 8, [1, 1, 1, 1, 1, 27, 1, 1])
+    assert ubatch_cost(cost, plan, 512) < padded
+
+
+def test_past_the_grouped_limit_each_run_is_padded_to_one_ubatch_in_id_order() -> None:
+    """More sequences than the dynamic program plans (its time grows with their square):
+    the step keeps every run of consecutive ids one padded ubatch, by id."""
+    from suffixd.daemon.generation.step_planner import GROUPED_MAX_SEQUENCES
+
+    n = GROUPED_MAX_SEQUENCES + 4
+    reqs = [_decode(s, [0.05] * 3) for s in range(n)]
+    reqs[2] = _decode(2, [0.99] * 4)
+    plan = plan_step(reqs, 512, linear, 1.0)
+    assert [r.seq_id for r in plan] == list(range(n))
+    assert len({r.rows for r in plan}) == 1
+    assert len(split_equal([Entry(r.seq_id, r.rows, r.kept, r.pos0) for r in plan], 512)) == 1
 
 
 def test_a_sure_draft_is_kept_and_a_hopeless_one_cut() -> None:
@@ -553,11 +718,13 @@ def test_padding_asks_for_logits_where_the_rule_says_they_make_the_step_cheaper(
     b = StepRows(1, list(range(2)), 100, 64, probs=[1.0])
     c = StepRows(5, list(range(3)), 100, 64, probs=[1.0] * 2)
     plan = plan_step([a, b, c], 64, linear, 0.1, logit_rows=blocks_of_4)
+    plan.sort(key=lambda r: r.seq_id)
     assert [(r.kept, r.rows) for r in plan] == [(4, 4), (2, 4), (3, 3)]
     # run 0-1: 6 verified in 8 rows -> 8 with logits (b's padding); run 5: 3 stays 3
     assert [r.outputs for r in plan] == [4, 4, 3]
     # a rule asking more than the padding holds gets what there is
     plan = plan_step([a, b, c], 64, linear, 0.1, logit_rows=lambda n, rows: n + 5)
+    plan.sort(key=lambda r: r.seq_id)
     assert [r.outputs for r in plan] == [4, 4, 3]
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from ..common.errors import Unavailable
 from .step_cost import Entry, StepCostModel
-from .step_planner import StepRows, plan_step, prompt_cap, step_cost
+from .step_planner import StepRows, plan_step, prompt_cap, ubatch_cost
 
 RATE_PRIOR = 8.0  # pseudo-steps at 1 token per unit of cost, before any feedback
 RATE_DECAY = 0.99
@@ -91,10 +91,9 @@ class BatchCounters:
 
 
 def _entries(reqs: Sequence[StepRows], rows: Sequence[int], kept: Sequence[int]) -> list[Entry]:
-    """The step as the cost model sees it, in batch order (by sequence id)."""
-    order = sorted(range(len(reqs)), key=lambda i: reqs[i].seq_id)
-    return [Entry(reqs[i].seq_id, rows[i], 0 if reqs[i].prompt else kept[i], reqs[i].pos0,
-                  reqs[i].prompt) for i in order]
+    """The step as the cost model sees it (``reqs`` in batch order, as planned)."""
+    return [Entry(r.seq_id, n, 0 if r.prompt else k, r.pos0, r.prompt)
+            for r, n, k in zip(reqs, rows, kept, strict=True)]
 
 
 class Interrupted(Exception):
@@ -434,8 +433,7 @@ class StepBatcher:
             # the achieved rate in the planner's own units (what it compares plans in)
             modelled = self.model.price(_entries(decodes, [r.rows for r in decodes],
                                                  [r.kept for r in decodes])) \
-                if self.use_model else step_cost(self._cost, [r.rows for r in decodes],
-                                                 [r.kept for r in decodes])
+                if self.use_model else ubatch_cost(self._cost, decodes, self.model.n_ubatch)
             self._rate_tokens *= RATE_DECAY
             self._rate_cost = self._rate_cost * RATE_DECAY + modelled
         for r in batch:

@@ -116,6 +116,20 @@ def step_cost(cost: Callable[[int], float], rows: Sequence[int], outputs: Sequen
     return _cost_of(cost, sum(rows), sum(outputs))
 
 
+def ubatch_cost(cost: Callable[[int], float], decodes: Sequence[StepRows],
+                n_ubatch: int) -> float:
+    """A step's decoding rows priced per ubatch of llama.cpp's split (``decodes`` in batch
+    order): each ubatch's rows as ``step_cost`` prices them."""
+    entries = [Entry(r.seq_id, r.rows, r.kept, r.pos0) for r in decodes]
+    total = 0.0
+    for u in split_equal(entries, n_ubatch):
+        rows = u.depth * len(u.members)
+        out = sum(max(0, min(entries[i].outputs, f + u.depth) - f)
+                  for i, f in zip(u.members, u.first, strict=True))
+        total += _cost_of(cost, rows, out)
+    return total
+
+
 def _cost_of(cost: Callable[[int], float], total: int, out: int) -> float:
     """step_cost from the step's row and output totals."""
     base = cost(out) if out else 0.0
@@ -247,6 +261,142 @@ class _Layouts:
         return price, out
 
 
+# Sequences up to which a decode-only step's ubatches are chosen by ``_Groups``' dynamic
+# program (O(sequences^2) a candidate plan); past it every run of consecutive ids is
+# padded to one ubatch, as in a step with prompt chunks.
+GROUPED_MAX_SEQUENCES = 8
+
+
+class _Groups:
+    """A decode-only step laid out in ubatches of its own choosing: llama.cpp's sequential
+    split takes a ubatch's sequences as a run of consecutive ids starting at the first
+    row not yet taken, in batch order, so any partition of each run of consecutive ids
+    into intervals is a layout (the intervals placed in descending order of their first
+    id, none joins the next). Each interval is padded to its longest and priced as one
+    ubatch: the profile's cost of its rows, padding at PAD_ROW_WEIGHT. A dynamic program
+    over the sequences (by id) finds the cheapest partition.
+
+    Why: padding a whole run to its longest draft made one sequence's sure 27-token copy
+    cost its 7 neighbours 20 padding rows each (spider_dev, 8 agents, a 2-core Zen 3:
+    1.1-1.3 s steps, 2,062 padding rows of 4,396); in a ubatch of its own it costs its
+    own rows and one ubatch more."""
+
+    def __init__(self, reqs: Sequence[StepRows], cost: Callable[[int], float],
+                 n_ubatch: int) -> None:
+        self.order = sorted(range(len(reqs)), key=lambda i: reqs[i].seq_id)
+        ids = [reqs[i].seq_id for i in self.order]
+        self.rooms = [reqs[i].room for i in self.order]
+        self.n_ubatch = n_ubatch
+        n = len(ids)
+        # the first position a ubatch ending at position j may start from
+        self.lo = [0] * n
+        for j in range(1, n):
+            self.lo[j] = self.lo[j - 1] if ids[j] == ids[j - 1] + 1 else j
+        self._cost = cost
+        self.table: list[float] = [0.0]  # cost(k), filled as far as asked
+        self.f = [0.0] * (n + 1)  # f[j]: the cheapest layout of positions 0..j-1
+        self.cut = [0] * (n + 1)  # where the last ubatch of that layout starts
+
+    def _grow(self, k: int) -> list[float]:
+        t = self.table
+        t.extend(self._cost(x) for x in range(len(t), 2 * k + 1))
+        return t
+
+    def solve(self, kept: Sequence[int], start: int = 0) -> float:
+        """The cheapest layout's price for ``kept`` (in id order), recomputed from the
+        ubatches that end past position ``start`` (those before it are unchanged)."""
+        f, cut, rooms, lo, t = self.f, self.cut, self.rooms, self.lo, self.table
+        cap, w, size = self.n_ubatch, PAD_ROW_WEIGHT, len(self.table)
+        for j in range(start + 1, len(kept) + 1):
+            i = j - 1
+            longest = out = kept[i]
+            low_room = rooms[i]
+            if longest >= size:
+                t = self._grow(longest)
+                size = len(t)
+            best, at = f[i] + t[out], i
+            for i in range(j - 2, lo[j - 1] - 1, -1):
+                k = kept[i]
+                out += k
+                if k > longest:
+                    longest = k
+                if rooms[i] < low_room:
+                    low_room = rooms[i]
+                rows = longest * (j - i)
+                if rows > cap or low_room < longest:
+                    # a sequence that cannot be padded to the others' rows would leave
+                    # them spanning two ubatches; a wider ubatch cannot hold fewer rows
+                    break
+                if rows >= size:
+                    t = self._grow(rows)
+                    size = len(t)
+                base = t[out]
+                v = f[i] + base + w * (t[rows] - base)
+                if v <= best:
+                    best, at = v, i
+            f[j] = best
+            cut[j] = at
+        return f[len(kept)]
+
+    def groups(self, n: int) -> list[range]:
+        """The last solved layout's ubatches, as ranges of positions (in id order)."""
+        out: list[range] = []
+        j = n
+        while j > 0:
+            out.append(range(self.cut[j], j))
+            j = self.cut[j]
+        return out[::-1]
+
+    def layout(self, kept: Sequence[int]) -> tuple[list[int], list[int]]:
+        """For ``kept`` in the requests' own order: each request's rows (padded to its
+        ubatch's longest) and its ubatch's index, the ubatches numbered in batch order
+        (descending first id, so that llama.cpp's split keeps them apart)."""
+        skept = [kept[i] for i in self.order]
+        self.solve(skept)
+        groups = self.groups(len(skept))
+        rows = [0] * len(kept)
+        which = [0] * len(kept)
+        for g_index, g in enumerate(reversed(groups)):
+            longest = max(skept[x] for x in g)
+            for x in g:
+                rows[self.order[x]] = longest
+                which[self.order[x]] = g_index
+        return rows, which
+
+
+def _joint_lengths_grouped(reqs: Sequence[StepRows], cost: Callable[[int], float],
+                           rate: float, n_ubatch: int) -> list[int]:
+    """``joint_lengths`` with each candidate plan priced under its cheapest ubatch layout
+    (``_Groups``). Candidates below ``rate`` x the cheapest a row can add (a padding row
+    turned into one with logits, at the profile's mean slope) are not priced: a bound for
+    the plan's time (up to 256 candidates at 8 sequences), as the modelled plan has."""
+    kept, cands = _candidates(reqs)
+    lay = _Groups(reqs, cost, n_ubatch)
+    pos = {i: k for k, i in enumerate(lay.order)}
+    skept = [kept[i] for i in lay.order]
+    plain_tokens = float(sum(kept))
+    plain_cost = lay.solve(skept)
+    if plain_cost > 0:
+        rate = max(rate, plain_tokens / plain_cost)
+    expected = float(len(reqs))
+    best, best_kept = expected - rate * plain_cost, list(kept)
+    top = max(2, max((len(r.tokens) for r in reqs), default=2))
+    slope = max(0.0, (cost(top) - cost(1)) / (top - 1))
+    floor = rate * (1.0 - PAD_ROW_WEIGHT) * slope
+    for neg_p, j, i in cands:
+        if kept[i] != j + 1:
+            continue
+        if -neg_p < floor:
+            break
+        kept[i] += 1
+        skept[pos[i]] += 1
+        expected -= neg_p
+        v = expected - rate * lay.solve(skept, pos[i])
+        if v > best:
+            best, best_kept = v, list(kept)
+    return best_kept
+
+
 def _candidates(reqs: Sequence[StepRows]) -> tuple[list[int], list[tuple[float, int, int]]]:
     """The plain plan's rows (1 per estimated draft; a draft without estimates kept as it
     is) and every draft token as a candidate (-probability, index in its draft, request),
@@ -296,7 +446,8 @@ def _joint_lengths_modelled(reqs: Sequence[StepRows], rate: float,
 
 
 def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
-                  rate: float, model: StepCostModel | None = None) -> list[int]:
+                  rate: float, model: StepCostModel | None = None,
+                  grouped_ubatch: int | None = None) -> list[int]:
     """Rows kept per decoding request (1 + draft tokens, at most its ``kept``), chosen
     together: the prefix of all candidates, most probable first, that maximises
     expected tokens - rate * cost.
@@ -315,9 +466,15 @@ def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
     The step's rows are kept up to date per candidate (each run's longest kept and its
     padded rows) instead of padding every sequence again: O(candidates + sequences x
     draft) rather than O(candidates x sequences), which at a GPU's 16-64 sequences was
-    8-170 ms a plan."""
+    8-170 ms a plan.
+
+    ``grouped_ubatch`` (a decode-only step, llama.cpp's ``n_ubatch``): each candidate plan
+    is priced under the cheapest ubatch layout of ``_Groups`` instead, which the step
+    then takes (``plan_step``)."""
     if model is not None:
         return _joint_lengths_modelled(reqs, rate, model)
+    if grouped_ubatch is not None and len(reqs) <= GROUPED_MAX_SEQUENCES:
+        return _joint_lengths_grouped(reqs, cost, rate, grouped_ubatch)
     kept, cands = _candidates(reqs)
     idx = {id(r): i for i, r in enumerate(reqs)}
     runs = [[idx[id(r)] for r in run] for run in _runs(reqs)]
@@ -414,6 +571,11 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
     decodes = [r for r in pending if not r.prompt]
     prompts = sorted((r for r in pending if r.prompt), key=lambda r: r.since)
     budget = n_batch - (min(PROMPT_RESERVE, n_batch // 2) if prompts else 0)
+    # A decode-only step chooses its ubatches (``_Groups``); one with prompt chunks keeps
+    # every run of consecutive ids together (a chunk's first rows join the decodes'
+    # ubatch and bridge the ids around it), as deterministic mode does.
+    grouped = n_ubatch or n_batch if model is None and not prompts and not no_single_rows \
+        else None
     # every decoding sequence's last token first (none waits a step for another's
     # draft), then the drafts in arrival order with what the budget leaves
     chosen = [r for r in decodes if r.room >= 1][:max(budget, 1)]
@@ -423,14 +585,21 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
         r.kept = 1 + min(draft, max(0, budget - used))
         used += r.kept - 1
     if len(chosen) > 1:
-        for r, k in zip(chosen, joint_lengths(chosen, cost, rate, model), strict=True):
+        for r, k in zip(chosen, joint_lengths(chosen, cost, rate, model, grouped),
+                        strict=True):
             r.kept = min(r.kept, k)
     else:
         for r in chosen:  # a step of its own: as its drafter chose
             r.kept = min(r.kept, r.want or r.kept)
     kept = [r.kept for r in chosen]
-    rows = cheapest_layout(chosen, kept, model)[1] if model is not None and len(chosen) > 1 \
-        else padded_rows(chosen, kept)
+    ubatch_of: dict[int, int] = {}  # a grouped step's ubatch per request (batch order)
+    if model is not None and len(chosen) > 1:
+        rows = cheapest_layout(chosen, kept, model)[1]
+    elif grouped is not None and 1 < len(chosen) <= GROUPED_MAX_SEQUENCES:
+        rows, which = _Groups(chosen, cost, grouped).layout(kept)
+        ubatch_of = {id(r): g for r, g in zip(chosen, which, strict=True)}
+    else:
+        rows = padded_rows(chosen, kept)
     if len(chosen) == 1 and pad_to is not None:
         # one sequence: pad to a cheaper measured batch shape, as a lone step always did
         rows[0] += pad_to(rows[0], chosen[0].room)
@@ -442,6 +611,9 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
     for r, n in zip(chosen, rows, strict=True):
         r.rows = n
         r.logits = r.kept
+    # in batch order: a grouped step's ubatches by descending first id (none joins the
+    # next), otherwise by id
+    chosen.sort(key=lambda r: (ubatch_of.get(id(r), 0), r.seq_id))
     if logit_rows is not None:
         _ask_padding_logits(chosen, logit_rows)
     used = sum(rows)
@@ -460,9 +632,11 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
         r = pending[0]
         r.kept = r.rows = max(1, min(len(r.tokens), r.room, n_batch))
         chosen.append(r)
-    # by sequence id, prompt chunks included: llama.cpp's split takes runs of consecutive
-    # ids in batch order, so a prompt's first row shares the decoding rows' ubatch
-    chosen.sort(key=lambda r: r.seq_id)
+    if not ubatch_of:
+        # by sequence id, prompt chunks included: llama.cpp's split takes runs of
+        # consecutive ids in batch order, so a prompt's first row shares the decoding
+        # rows' ubatch
+        chosen.sort(key=lambda r: r.seq_id)
     if _keep_decodes_whole(chosen, n_ubatch or n_batch) and logit_rows is not None:
         _ask_padding_logits([r for r in chosen if not r.prompt], logit_rows)
     if no_single_rows:
@@ -553,11 +727,24 @@ def _no_single_row_ubatches(batch: list[StepRows], n_batch: int,
     return [first]
 
 
+def _ubatch_runs(decodes: Sequence[StepRows]) -> list[list[StepRows]]:
+    """Decoding requests grouped as llama.cpp's split groups them: runs of consecutive
+    ids in batch order."""
+    runs: list[list[StepRows]] = []
+    for r in decodes:
+        if runs and r.seq_id == runs[-1][-1].seq_id + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return runs
+
+
 def _ask_padding_logits(decodes: Sequence[StepRows],
                         logit_rows: Callable[[int, int], int]) -> None:
-    """Per run of consecutive ids (one ubatch once padded): ``logit_rows(verified,
-    rows)`` rows ask for logits, the extra ones on the run's padding rows."""
-    for run in _runs(decodes):
+    """Per run of consecutive ids in batch order (one ubatch once padded):
+    ``logit_rows(verified, rows)`` rows ask for logits, the extra ones on the run's
+    padding rows."""
+    for run in _ubatch_runs(decodes):
         extra = logit_rows(sum(r.kept for r in run), sum(r.rows for r in run)) \
             - sum(r.kept for r in run)
         for r in run:
