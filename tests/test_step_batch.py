@@ -520,16 +520,6 @@ def test_prompts_fill_what_decoding_leaves_and_still_move_when_it_is_full() -> N
     assert plan_step([lone], 512, linear, 1.0) == [lone] and lone.kept == 512
 
 
-def test_the_shortest_remaining_prompt_goes_first_whenever_it_began() -> None:
-    # a long tool output began first; a short prompt arrives behind it
-    long = StepRows(1, list(range(512)), 0, 512, prompt=True, since=10.0, left=2000)
-    short = StepRows(2, list(range(76)), 0, 512, prompt=True, since=20.0, left=76)
-    decode = StepRows(0, [5, 6], 0, 512)
-    plan = plan_step([decode, long, short], 512, linear, 1.0)
-    assert short in plan and short.kept == 76
-    assert long in plan and long.kept == 512 - decode.rows - 76
-
-
 def test_prompts_are_served_first_come_first_served_by_when_they_began() -> None:
     # the older prompt's chunk came back after the newer one's, as each chunk re-queues
     newer = StepRows(1, list(range(1000)), 0, 512, prompt=True, since=20.0)
