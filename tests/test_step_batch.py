@@ -109,11 +109,16 @@ def test_a_plan_keeps_every_rule(spec, n_batch, rate, modelled, logits, n_ubatch
     for i, r in enumerate(plan):
         if not r.prompt:
             assert sum(i in u.members for u in ubatches) == 1, (plan, ubatches)
-    # with prompt chunks, by sequence id (llama.cpp's split takes runs of consecutive ids
-    # in batch order); every sequence at most once
+    # the decodes' ubatches, then the prompt chunks by id; planned by the step cost model
+    # or with one decode, all by id (llama.cpp's split takes runs of consecutive ids in
+    # batch order); every sequence at most once
     seqs = [r.seq_id for r in plan]
-    if any(r.prompt for r in plan) or modelled:
+    n_dec = sum(not r.prompt for r in plan)
+    if modelled or n_dec <= 1:
         assert seqs == sorted(seqs)
+    else:
+        assert not any(r.prompt for r in plan[:n_dec])
+        assert seqs[n_dec:] == sorted(seqs[n_dec:])
     assert len({id(r) for r in plan}) == len(plan)
 
 
@@ -481,6 +486,23 @@ def test_a_sure_long_draft_takes_a_ubatch_of_its_own_instead_of_padding_its_neig
     # or cut the copy; the grouped plan costs less than either
     padded = step_cost(cost, [27] * 8, [1, 1, 1, 1, 1, 27, 1, 1])
     assert ubatch_cost(cost, plan, 512) < padded
+
+
+def test_drafts_beside_a_prompt_chunk_keep_their_rows() -> None:
+    """A prompt chunk amid the decodes' ids (swe_django, 4 agents: one agent's tool
+    output while three decode): in id order the chunk's first row joined the decodes'
+    ubatch at a depth of one, and every draft was cut to that row; after the decodes'
+    ubatches it keeps them whole."""
+    reqs = [_decode(0, [0.99] * 3), _decode(2, []), _decode(3, [0.99] * 4),
+            StepRows(1, list(range(300)), 2000, 512, prompt=True, left=300)]
+    plan = plan_step(reqs, 512, linear, 1.0)
+    by_seq = {r.seq_id: r for r in plan}
+    assert (by_seq[0].kept, by_seq[3].kept, by_seq[1].kept) == (4, 5, 300)
+    entries = [Entry(r.seq_id, r.rows, r.outputs, r.pos0, r.prompt) for r in plan]
+    ubatches = split_equal(entries, 512)
+    for i, r in enumerate(plan):
+        if not r.prompt:
+            assert sum(i in u.members for u in ubatches) == 1
 
 
 def test_past_the_grouped_limit_each_run_is_padded_to_one_ubatch_in_id_order() -> None:
