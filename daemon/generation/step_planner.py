@@ -264,14 +264,14 @@ class _Layouts:
         return price, out
 
 
-# Sequences up to which a decode-only step's ubatches are chosen by ``_Groups``' dynamic
+# Sequences up to which a step's decoding ubatches are chosen by ``_Groups``' dynamic
 # program (O(sequences^2) a candidate plan); past it every run of consecutive ids is
 # padded to one ubatch, as in a step with prompt chunks.
 GROUPED_MAX_SEQUENCES = 8
 
 
 class _Groups:
-    """A decode-only step laid out in ubatches of its own choosing: llama.cpp's sequential
+    """A step's decodes laid out in ubatches of their own choosing: llama.cpp's sequential
     split takes a ubatch's sequences as a run of consecutive ids starting at the first
     row not yet taken, in batch order, so any partition of each run of consecutive ids
     into intervals is a layout (the intervals placed in descending order of their first
@@ -471,7 +471,7 @@ def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
     draft) rather than O(candidates x sequences), which at a GPU's 16-64 sequences was
     8-170 ms a plan.
 
-    ``grouped_ubatch`` (a decode-only step, llama.cpp's ``n_ubatch``): each candidate plan
+    ``grouped_ubatch`` (llama.cpp's ``n_ubatch``; not in deterministic mode): each candidate plan
     is priced under the cheapest ubatch layout of ``_Groups`` instead, which the step
     then takes (``plan_step``)."""
     if model is not None:
