@@ -33,12 +33,13 @@ step.
   llama.cpp splits a shared step into ubatches (step_cost.py); the step cost model,
   fitted to every step served, prices each candidate plan under its cheapest layout (no
   padding, runs padded, or the drafting runs padded) and the plan takes that layout.
-  Off, the profile prices a step's rows with every run padded (it won the A/B on the
-  2-core EPYC).
+  Off, the profile prices the step's ubatches (``_Groups``), or, past
+  GROUPED_MAX_SEQUENCES and in deterministic mode, its rows with every run padded.
 * Equal rows per sequence: with a KV stream per sequence, llama.cpp splits a batch into
   ubatches holding the same number of rows of consecutive sequence ids; unequal drafts
   would cost one ubatch each. Rows are padded (no logits, rolled back with the rejected
-  draft) to the longest of each run of consecutive ids, which on the 2-core CPU measured
+  draft) to the longest of their ubatch (``_Groups``: the cheapest cut of each run of
+  consecutive ids into intervals) or of their run, which on the 2-core CPU measured
   costs a padded row about PAD_ROW_WEIGHT of a row with logits (the 262k-wide output
   layer runs only for rows with logits).
 * Logits where they make the ubatch cheaper: llama.cpp's CPU output layer takes rows with
