@@ -167,9 +167,10 @@ def _value(reqs: list[StepRows], kept: list[int], cost, rate: float) -> float:
     return expected - rate * step_cost(cost, padded_rows(reqs, kept), kept)
 
 
-def _joint_lengths_reference(reqs: list[StepRows], cost, rate: float) -> list[int]:
-    """The joint rule written plainly: every candidate, best first, re-pads the whole
-    step (O(candidates x sequences)); joint_lengths keeps the same sums incrementally."""
+def _reference_candidates(reqs: list[StepRows]) -> tuple[list[int], list[tuple[float, int, int]]]:
+    """The plain plan's rows and every draft token as a candidate (-its acceptance, no
+    higher than any before it; index; request), most probable first: both references'
+    starting point, written plainly."""
     kept = [1 if r.probs is not None else r.kept for r in reqs]
     cands = []
     for i, r in enumerate(reqs):
@@ -180,6 +181,13 @@ def _joint_lengths_reference(reqs: list[StepRows], cost, rate: float) -> list[in
             low = min(low, float(p))
             cands.append((-low, j, i))
     cands.sort()
+    return kept, cands
+
+
+def _joint_lengths_reference(reqs: list[StepRows], cost, rate: float) -> list[int]:
+    """The joint rule written plainly: every candidate, best first, re-pads the whole
+    step (O(candidates x sequences)); joint_lengths keeps the same sums incrementally."""
+    kept, cands = _reference_candidates(reqs)
     rate = max(rate, _plain_rate(reqs, cost))
 
     def value(expected: float) -> float:
@@ -381,16 +389,7 @@ def _grouped_joint_reference(reqs: list[StepRows], cost, rate: float,
     """The joint rule (best candidates first) with each plan priced by brute force."""
     if len(reqs) > 16:
         raise ValueError("the brute force is for steps the dynamic program plans")
-    kept = [1 if r.probs is not None else r.kept for r in reqs]
-    cands = []
-    for i, r in enumerate(reqs):
-        if r.probs is None:
-            continue
-        low = 1.0
-        for j, p in enumerate(r.probs[: r.kept - 1]):
-            low = min(low, float(p))
-            cands.append((-low, j, i))
-    cands.sort()
+    kept, cands = _reference_candidates(reqs)
     plain = _grouped_price_reference(reqs, kept, cost, n_ubatch)
     rate = max(rate, sum(kept) / plain)
     expected = float(len(reqs))

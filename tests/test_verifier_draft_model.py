@@ -114,16 +114,23 @@ def test_policy_explores_while_its_acceptance_is_uncertain() -> None:
     assert bad.plan(8, bad.optimistic_acceptance())[0] == 0
 
 
+def _lagging_policy(lag: list[int]) -> AdaptiveDrafter:
+    """A policy on the F32 pair's prices whose draft model is ``lag[0]`` rows behind,
+    after 30 fully accepted 4-token drafts."""
+    policy = AdaptiveDrafter(lambda c, k, key="d": [1] * k, F32_VERIFY, draft_seconds=0.01545,
+                             behind=lambda c, key: lag[0])
+    for _ in range(30):
+        policy.observe(ModelDraft([1, 1, 1, 1]), 4)
+    return policy
+
+
 def test_policy_weighs_the_context_the_draft_model_must_catch_up_on() -> None:
     """A long new prompt the draft model has not read costs its evaluation first: the
     policy drafts only where an episode's tokens at the plan's gain win it back
     (DRAFT_HORIZON before any episode ended)."""
     verify = F32_VERIFY
     lag = [0]
-    policy = AdaptiveDrafter(lambda c, k, key="d": [1] * k, verify, draft_seconds=0.01545,
-                             behind=lambda c, key: lag[0])
-    for _ in range(30):
-        policy.observe(ModelDraft([1, 1, 1, 1]), 4)
+    policy = _lagging_policy(lag)
     k, gain = policy.plan(8)
     assert k > 0 and policy.episode_tokens == DRAFT_HORIZON
     assert policy.catch_up_row_s == pytest.approx(CATCH_UP_ROW * 0.01545)
@@ -145,12 +152,8 @@ def test_short_episodes_make_catch_ups_dear() -> None:
     """The trees come first, so the draft model drafts in episodes between their drafts:
     where each episode yields a few tokens, a catch-up that a 64-token horizon paid for
     is no longer won back, while a continuing episode's next draft never waits."""
-    verify = F32_VERIFY
     lag = [0]
-    policy = AdaptiveDrafter(lambda c, k, key="d": [1] * k, verify, draft_seconds=0.01545,
-                             behind=lambda c, key: lag[0])
-    for _ in range(30):
-        policy.observe(ModelDraft([1, 1, 1, 1]), 4)
+    policy = _lagging_policy(lag)
     for _ in range(12):  # episodes of one draft, each opened by a 20-row catch-up
         policy.draft_seconds = 0.01545  # the fake drafts in no time: keep the price
         lag[0] = 20

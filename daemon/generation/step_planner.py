@@ -371,22 +371,31 @@ class _Groups:
 def _joint_lengths_grouped(reqs: Sequence[StepRows], cost: Callable[[int], float],
                            rate: float, n_ubatch: int) -> list[int]:
     """``joint_lengths`` with each candidate plan priced under its cheapest ubatch layout
-    (``_Groups``). Candidates below ``rate`` x the cheapest a row can add (a padding row
-    turned into one with logits, at the profile's mean slope) are not priced: a bound for
-    the plan's time (up to 256 candidates at 8 sequences), as the modelled plan has."""
-    kept, cands = _candidates(reqs)
+    (``_Groups``, re-solved from the sequence that changed). Candidates below ``rate`` x
+    the cheapest a row can add (a padding row turned into one with logits, at the
+    profile's mean slope) are not priced: a bound for the plan's time (up to 256
+    candidates at 8 sequences), as the modelled plan has."""
     lay = _Groups(reqs, cost, n_ubatch)
-    pos = {i: k for k, i in enumerate(lay.order)}
-    skept = [kept[i] for i in lay.order]
+    top = max(2, max((len(r.tokens) for r in reqs), default=2))
+    slope = max(0.0, (cost(top) - cost(1)) / (top - 1))
+    return _best_prefix(reqs, rate, lay.order, lay.solve, (1.0 - PAD_ROW_WEIGHT) * slope)
+
+
+def _best_prefix(reqs: Sequence[StepRows], rate: float, order: Sequence[int],
+                 price: Callable[[list[int], int], float], row_floor: float) -> list[int]:
+    """The joint rule over a layout-priced step: ``price(kept, p)`` is the step's price for
+    ``kept`` in ``order``'s positions, position ``p`` the one changed since the last call
+    (0 the first time). Candidates below ``rate`` x ``row_floor`` are not priced."""
+    kept, cands = _candidates(reqs)
+    pos = {i: k for k, i in enumerate(order)}
+    skept = [kept[i] for i in order]  # kept in the layout's positions
     plain_tokens = float(sum(kept))
-    plain_cost = lay.solve(skept)
+    plain_cost = price(skept, 0)
     if plain_cost > 0:
         rate = max(rate, plain_tokens / plain_cost)
     expected = float(len(reqs))
     best, best_kept = expected - rate * plain_cost, list(kept)
-    top = max(2, max((len(r.tokens) for r in reqs), default=2))
-    slope = max(0.0, (cost(top) - cost(1)) / (top - 1))
-    floor = rate * (1.0 - PAD_ROW_WEIGHT) * slope
+    floor = rate * row_floor
     for neg_p, j, i in cands:
         if kept[i] != j + 1:
             continue
@@ -395,7 +404,7 @@ def _joint_lengths_grouped(reqs: Sequence[StepRows], cost: Callable[[int], float
         kept[i] += 1
         skept[pos[i]] += 1
         expected -= neg_p
-        v = expected - rate * lay.solve(skept, pos[i])
+        v = expected - rate * price(skept, pos[i])
         if v > best:
             best, best_kept = v, list(kept)
     return best_kept
@@ -421,32 +430,12 @@ def _candidates(reqs: Sequence[StepRows]) -> tuple[list[int], list[tuple[float, 
 def _joint_lengths_modelled(reqs: Sequence[StepRows], rate: float,
                             model: StepCostModel) -> list[int]:
     """``joint_lengths`` with each candidate plan priced by the step cost model under its
-    cheapest layout (padding, ubatch splits, sequences sharing a ubatch)."""
-    kept, cands = _candidates(reqs)
+    cheapest layout (padding, ubatch splits, sequences sharing a ubatch). Candidates
+    below what the cheapest row adds (on the profile's average slope) are not priced: a
+    bound for the time a plan takes, not for its value."""
     lay = _Layouts(reqs, model)
-    pos = {i: k for k, i in enumerate(lay.order)}
-    skept = [kept[i] for i in lay.order]  # kept in sorted positions
-    plain_tokens = float(sum(kept))
-    plain_cost = lay.cheapest_sorted(skept)[0]
-    if plain_cost > 0:
-        rate = max(rate, plain_tokens / plain_cost)
-    expected = float(len(reqs))
-    best, best_kept = expected - rate * plain_cost, list(kept)
-    # Candidates below this are not priced: what the cheapest row adds (on the profile's
-    # average slope) outweighs them; a bound for the time a plan takes, not for its value.
-    floor = rate * model.cheapest_row()
-    for neg_p, j, i in cands:
-        if kept[i] != j + 1:
-            continue
-        if -neg_p < floor:
-            break
-        kept[i] += 1
-        skept[pos[i]] += 1
-        expected -= neg_p
-        v = expected - rate * lay.cheapest_sorted(skept)[0]
-        if v > best:
-            best, best_kept = v, list(kept)
-    return best_kept
+    return _best_prefix(reqs, rate, lay.order, lambda kept, _p: lay.cheapest_sorted(kept)[0],
+                        model.cheapest_row())
 
 
 def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
