@@ -349,6 +349,17 @@ class Verifier(KvSlots, CostMeasurement, Certification):
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
+    def control_token_texts(self) -> list[bytes]:
+        """The texts of the vocabulary's control and unknown tokens: the ones its
+        tokenizer matches in text only when asked to parse special tokens (llama.cpp's
+        special-token partition skips them otherwise; user-defined ones it matches
+        either way)."""
+        llama_cpp = self._llama_cpp
+        want = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+        return [text for i in range(self.vocab_size)
+                if llama_cpp.llama_vocab_get_attr(self._vocab, i) & want
+                and (text := llama_cpp.llama_vocab_get_text(self._vocab, i))]
+
     def detokenize_special(self, token: int) -> str:
         """A control token's text (``<bos>``), which plain detokenization omits."""
         buf = ctypes.create_string_buffer(128)
