@@ -5,8 +5,8 @@
 
 For the first, the middle and the last assistant turn of the workload's first
 ``--sessions`` sessions (default: the prompt-heavy coding-agent workload), the median of
-7 calls. The first call of a renderer also builds its index of the vocabulary's
-control-token texts.
+7 calls. A renderer's first message with a "<" also builds its index of the
+vocabulary's control-token texts (the first call, on these workloads).
 
 Zen 3 VM (AVX2), 2026-11-30, build/workloads/swe_prompt_heavy.jsonl: 10.3, 39.2 and
 177 ms at 1,439, 10,435 and 28,649 tokens; before the control-token prefilter (b40b7cd)
