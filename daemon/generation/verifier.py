@@ -349,16 +349,38 @@ class Verifier(KvSlots, CostMeasurement, Certification):
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
+    def tokenize_bytes(self, data: bytes) -> list[int]:
+        """``data`` tokenized with special tokens parsed, no BOS added."""
+        return list(self._model.tokenize(data, False, True)) if data else []
+
+    def special_tokens(self) -> list[tuple[int, bytes, str]]:
+        """(id, text, kind) of every token llama.cpp's special-token partition matches in
+        a text: kind "control" and "unknown" only when asked to parse special tokens,
+        "user" (user-defined) either way; "control-lstrip" for a control token that
+        takes the whitespace before it."""
+        llama_cpp = self._llama_cpp
+        out = []
+        for i in range(self.vocab_size):
+            attr = llama_cpp.llama_vocab_get_attr(self._vocab, i)
+            if attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL:
+                kind = "control-lstrip" if attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP else "control"
+            elif attr & llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN:
+                kind = "unknown"
+            elif attr & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED:
+                kind = "user"
+            else:
+                continue
+            text = llama_cpp.llama_vocab_get_text(self._vocab, i)
+            if text:
+                out.append((i, bytes(text), kind))
+        return out
+
     def control_token_texts(self) -> list[bytes]:
         """The texts of the vocabulary's control and unknown tokens: the ones its
         tokenizer matches in text only when asked to parse special tokens (llama.cpp's
         special-token partition skips them otherwise; user-defined ones it matches
         either way)."""
-        llama_cpp = self._llama_cpp
-        want = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
-        return [text for i in range(self.vocab_size)
-                if llama_cpp.llama_vocab_get_attr(self._vocab, i) & want
-                and (text := llama_cpp.llama_vocab_get_text(self._vocab, i))]
+        return [text for _, text, kind in self.special_tokens() if kind != "user"]
 
     def detokenize_special(self, token: int) -> str:
         """A control token's text (``<bos>``), which plain detokenization omits."""
