@@ -1,16 +1,20 @@
 """What turning a conversation into the verifier's tokens costs the daemon per request
-(``ChatRenderer.tokens``: the chat template, the control-token check, the tokenizer).
+(``ChatRenderer.tokens`` and ``cache_points``: the chat template, the control-token
+check, the tokenizer), turn after turn as an agent sends them.
 
     python bench/chat_tokens_cost.py [WORKLOAD] [--sessions 4]
 
-For the first, the middle and the last assistant turn of the workload's first
-``--sessions`` sessions (default: the prompt-heavy coding-agent workload), the median of
-7 calls. A renderer's first message with a "<" also builds its index of the
-vocabulary's control-token texts (the first call, on these workloads).
+The workload's first ``--sessions`` sessions are replayed turn by turn through one
+renderer, as the daemon sees them (interleaved by session). For the first, the middle
+and the last turn by size: what the renderer took (tokens + cache_points), against the
+whole rendered text tokenized once (what a renderer without reuse pays at least, and
+cache_points paid again). The first call builds the vocabulary's indexes (0.26 s).
 
-Zen 3 VM (AVX2), 2026-11-30, build/workloads/swe_prompt_heavy.jsonl: 10.3, 39.2 and
-177 ms at 1,439, 10,435 and 28,649 tokens; before the control-token prefilter (b40b7cd)
-25.6, 119.8 and 387 ms. The first call builds the index: 0.26 s.
+Zen 3 VM (AVX2), 2026-11-30, build/workloads/swe_prompt_heavy.jsonl, 132 turns: at
+1,360, 17,079 and 28,649 tokens the renderer took 8.4, 6.7 and 11.8 ms (tokens +
+cache_points; the first is a conversation's first turn) against 5.0, 63.2 and 138 ms
+for one whole tokenization (24c0ca5). Before it tokens alone took 10.3, 39.2 and 177 ms
+at 1,439, 10,435 and 28,649 tokens, and cache_points about as much again.
 """
 
 from __future__ import annotations
@@ -44,14 +48,25 @@ def main() -> None:
         t0 = time.perf_counter()
         renderer.tokens(turns[0][1])
         print(f"first call: {(time.perf_counter() - t0) * 1e3:.1f} ms")
-        for _, messages in {id(t): t for t in (turns[0], turns[len(turns) // 2],
-                                               turns[-1])}.values():
-            times = []
-            for _ in range(7):
+        renderer = ChatRenderer(verifier)  # a fresh one for the replay
+        renderer.tokens([{"role": "user", "content": "<"}])  # its indexes
+        by_size = []
+        for _, messages in turns:
+            t0 = time.perf_counter()
+            tokens = renderer.tokens(messages)
+            renderer.cache_points(messages, None, tokens)
+            took = time.perf_counter() - t0
+            by_size.append((len(tokens), took, messages))
+        by_size.sort(key=lambda x: x[0])
+        for n, took, messages in (by_size[0], by_size[len(by_size) // 2], by_size[-1]):
+            text = renderer.render(messages)
+            whole = []
+            for _ in range(5):
                 t0 = time.perf_counter()
-                tokens = renderer.tokens(messages)
-                times.append(time.perf_counter() - t0)
-            print(f"{len(tokens):6} tokens: {statistics.median(times) * 1e3:6.1f} ms")
+                verifier.tokenize(text, special=True)
+                whole.append(time.perf_counter() - t0)
+            print(f"{n:6} tokens: renderer {took * 1e3:6.1f} ms, "
+                  f"one whole tokenization {statistics.median(whole) * 1e3:6.1f} ms")
     finally:
         verifier.close()
 
