@@ -3,6 +3,8 @@ the verifier starting new conversations from checkpoints on the real model."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -101,6 +103,29 @@ def test_checkpoint_points() -> None:
     assert PromptCache(0).points("ns", prompt, 0, [30]) == []
 
 
+def test_announced_checkpoints_are_awaited_longest_first() -> None:
+    cache = PromptCache(1 << 20, min_tokens=4)
+    prompt = list(range(100))
+    short, long_ = cache.expect("ns", prompt, [30, 60])
+    cache.expect("other", prompt, [80])  # another scope's: never this one's
+    assert cache.awaited("ns", prompt, 0, 99) is long_
+    assert cache.awaited("ns", prompt, 0, 50) is short  # the longer one is past the limit
+    assert cache.awaited("ns", prompt, 60, 99) is None  # nothing longer than what it holds
+    assert cache.awaited("ns", [*range(40), 5, 5], 0, 41) is short  # parts from it at 40
+    assert cache.awaited("ns", [9, *range(99)], 0, 99) is None
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(cache.wait(long_, 30)))
+    waiter.start()
+    cache.settle([long_])
+    waiter.join(30)
+    assert woke == [True]
+    assert cache.awaited("ns", prompt, 0, 99) is short
+    cache.settle([short, short])  # settling twice is harmless
+    assert cache.awaited("ns", prompt, 0, 99) is None
+    assert cache.wait(short, 0) is True
+    assert PromptCache(0).expect("ns", prompt, [30]) == []
+
+
 # ------------------------------------------------------------------- the real model
 
 SHARED = (
@@ -165,6 +190,46 @@ def test_new_conversations_start_from_a_shared_prefix_and_stay_lossless(
     _, _, stats = _run(cached, "elsewhere", shared + cached.tokenize(tasks[0]),
                        cache_points=[len(shared)], cache_scope="another-team")
     assert stats.cached_prompt_tokens == 0
+
+
+def test_conversations_started_at_once_evaluate_their_shared_prefix_once(
+        verifiers: tuple[Verifier, Verifier]) -> None:
+    """Agents started together on one system prompt: the first evaluates it, the others
+    wait for its checkpoint instead of evaluating it beside it, and stay lossless. The
+    prefix takes the first several steps, so the others arrive while it is under way."""
+    cached, plain = verifiers
+    shared = [cached.bos_token, *cached.tokenize(SHARED * 3)]
+    assert len(shared) > 2 * cached.n_batch
+    prompts = [shared + cached.tokenize(f"\nTask {i}: rename module number {i}.\nPlan:")
+               for i in range(3)]
+    before = cached.prompt_cache.as_dict()
+    results: dict[int, tuple[list[int], Any, Any]] = {}
+
+    def run(i: int) -> None:
+        results[i] = _run(cached, f"together-{i}", prompts[i], cache_points=[len(shared)],
+                          cache_scope="together")
+
+    first = threading.Thread(target=run, args=(0,))
+    first.start()
+    # the others arrive once the first has announced its checkpoints
+    for _ in range(2000):
+        if cached.prompt_cache.awaited("together", prompts[1], 0, len(prompts[1]) - 1):
+            break
+        time.sleep(0.005)
+    others = [threading.Thread(target=run, args=(i,)) for i in (1, 2)]
+    for t in others:
+        t.start()
+    for t in [first, *others]:
+        t.join(300)
+    assert sorted(results) == [0, 1, 2]
+    assert results[0][2].cached_prompt_tokens == 0
+    for i in (1, 2):
+        assert results[i][2].cached_prompt_tokens >= len(shared), i
+        ref = _run(plain, f"together-{i}", prompts[i], cache_scope="together")
+        verdict, where = certify_greedy(ref[1], results[i][1])
+        assert verdict != "diverged", (i, where)
+    after = cached.prompt_cache.as_dict()
+    assert after["awaited"] - before["awaited"] == 2
 
 
 def test_the_same_request_again_reuses_all_but_its_last_token(

@@ -21,6 +21,13 @@ prompt of another conversation (learnt: the third conversation with a system pro
 reuses it even without a caller's hint), and the end of the prompt (an identical
 request again). The store is bounded in bytes, least recently used first out.
 
+Prompts that arrive together (agents started at once on one system prompt) would each
+evaluate the prefix no checkpoint holds yet. A prefill therefore announces the
+checkpoints it will take (``expect``); a later prompt that begins with one of them
+(``awaited``) waits for it (``wait``, until ``settle``) and restores it. Only announced
+ones are awaited and a prompt announces after it has waited, so no two wait on each
+other.
+
 Checkpoints and prompt history are kept per ``scope`` (the daemon's namespace): a
 restored prefix shows in ``cached_tokens`` and in time to first token, so sharing them
 across tenants would tell one what another's prompts begin with.
@@ -61,6 +68,15 @@ class Checkpoint:
         return len(self.state) + self.tokens.nbytes
 
 
+@dataclass(eq=False)  # each one is itself (its tokens are an array)
+class Expected:
+    """A checkpoint a prefill under way will take (``PromptCache.expect``)."""
+
+    scope: str
+    tokens: np.ndarray  # int32: the prefix
+    settled: bool = False
+
+
 @dataclass
 class PromptCacheStats:
     lookups: int = 0
@@ -69,6 +85,7 @@ class PromptCacheStats:
     saved: int = 0
     evicted: int = 0
     refused: int = 0  # checkpoints larger than the whole store
+    awaited: int = 0  # prompts that waited for another prefill's checkpoint
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -86,6 +103,8 @@ class PromptCache:
         self._history_len = history
         self._bytes = 0
         self._lock = threading.Lock()
+        self._expected: list[Expected] = []
+        self._settled = threading.Condition(self._lock)
         self.stats = PromptCacheStats()
 
     @property
@@ -173,6 +192,42 @@ class PromptCache:
             wanted.add(end)
         out = [n for n in sorted(wanted) if start < n <= end and n >= self.min_tokens]
         return [n for n in out if not self.has(scope, prompt[:n])]
+
+    def expect(self, scope: str, prompt: Sequence[int], points: Iterable[int]
+               ) -> list[Expected]:
+        """Announce the checkpoints a prefill of ``prompt`` will take at ``points``; each
+        must be ``settle``d (taken or not) when the prefill passes it or ends."""
+        if not self.enabled:
+            return []
+        p = np.asarray(prompt, dtype=np.int32)
+        out = [Expected(scope, p[:n]) for n in points]
+        with self._lock:
+            self._expected += out
+        return out
+
+    def settle(self, expected: Iterable[Expected]) -> None:
+        with self._lock:
+            for e in expected:
+                e.settled = True
+            self._expected = [e for e in self._expected if not e.settled]
+            self._settled.notify_all()
+
+    def awaited(self, scope: str, prompt: Sequence[int], beyond: int, limit: int
+                ) -> Expected | None:
+        """The longest announced checkpoint of ``scope`` that is a prefix of the first
+        ``limit`` tokens of ``prompt`` and longer than ``beyond``."""
+        p = np.asarray(prompt[:limit], dtype=np.int32)
+        with self._lock:
+            fits = [e for e in self._expected if e.scope == scope
+                    and beyond < len(e.tokens) <= len(p) and len(e.tokens) >= self.min_tokens
+                    and common_prefix(e.tokens, p) == len(e.tokens)]
+        return max(fits, key=lambda e: len(e.tokens), default=None)
+
+    def wait(self, expected: Expected, timeout: float) -> bool:
+        """Wait until ``expected`` is settled; False if ``timeout`` seconds passed first."""
+        with self._lock:
+            self.stats.awaited += 1
+            return self._settled.wait_for(lambda: expected.settled, timeout)
 
     def remember_prompt(self, scope: str, prompt: Sequence[int]) -> None:
         """A prompt to compare later ones of its scope with (``points``)."""

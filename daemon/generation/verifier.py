@@ -83,6 +83,9 @@ log = logging.getLogger("suffixd.verifier")
 # A checkpoint less than this past a continuing conversation's cached prompt does not
 # split its prompt while other generations step (see _checkpoint_points).
 CHECKPOINT_SPLIT_MIN = 64
+# The longest a prompt waits for another prefill's announced checkpoint (which is settled
+# when that prefill passes it or ends; this only bounds a stalled one).
+CHECKPOINT_WAIT_S = 600.0
 
 
 class GreedyDraft(NamedTuple):
@@ -602,28 +605,53 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         # ... or a longer prefix from another conversation's checkpoint
         new_conversation = common == 0
         common = self._restore_checkpoint(slot, cache_scope, prompt, common)
+        common = self._await_checkpoint(slot, cache_scope, prompt, common)
         run.stats.cached_prompt_tokens = common
         # The prompt must fit; the generation stops ("length") where the context ends.
         self._make_room(slot, len(prompt) - common + 1)
         run.max_tokens = max(1, min(run.params.max_tokens, self.n_ctx - len(prompt)))
         points = self._checkpoint_points(prompt, common, cache_points, cache_scope,
                                          new_conversation)
+        expected = self.prompt_cache.expect(cache_scope, prompt, points)
         end = len(prompt) - 1
         began = time.monotonic()  # its place among the prompts being evaluated
-        while len(slot.tokens) < end:
-            # in chunks the steps of the other generations leave room for, each ending
-            # at the next checkpoint at the latest
-            pos = len(slot.tokens)
-            upto = min(end, pos + self.n_batch, *points[:1])
-            part = StepRows(slot.seq_id, prompt[pos:upto], pos, room=self.n_batch, prompt=True,
-                            since=began, left=end - pos)
-            with self._steps.step(part, run.request):
-                slot.tokens.extend(part.tokens[: part.kept])
-            if points and len(slot.tokens) == points[0]:
-                self._save_checkpoint(slot, cache_scope)
-                points.pop(0)
+        try:
+            while len(slot.tokens) < end:
+                # in chunks the steps of the other generations leave room for, each
+                # ending at the next checkpoint at the latest
+                pos = len(slot.tokens)
+                upto = min(end, pos + self.n_batch, *points[:1])
+                part = StepRows(slot.seq_id, prompt[pos:upto], pos, room=self.n_batch,
+                                prompt=True, since=began, left=end - pos)
+                with self._steps.step(part, run.request):
+                    slot.tokens.extend(part.tokens[: part.kept])
+                if points and len(slot.tokens) == points[0]:
+                    self._save_checkpoint(slot, cache_scope)
+                    points.pop(0)
+                    self.prompt_cache.settle([expected.pop(0)])
+        finally:
+            self.prompt_cache.settle(expected)
         self.prompt_cache.remember_prompt(cache_scope, prompt)
         run.stats.prompt_s = time.perf_counter() - run.t_start
+
+    def _await_checkpoint(self, slot: Slot, scope: str, prompt: list[int], common: int) -> int:
+        """When a prefill under way will checkpoint a longer prefix of ``prompt`` than
+        the slot holds (agents started at once on one system prompt), wait for it and
+        restore it: its steps come first (prompts are served in order of arrival), so
+        evaluating the prefix again beside them only delays both. Out of the step batch
+        meanwhile, so that no step waits for this one's rows."""
+        limit = len(prompt) - 1
+        if self.restore_limit is not None:
+            limit = min(limit, self.restore_limit)
+        expected = self.prompt_cache.awaited(scope, prompt, common, limit)
+        if expected is None:
+            return common
+        self._steps.leave()
+        try:
+            self.prompt_cache.wait(expected, CHECKPOINT_WAIT_S)
+        finally:
+            self._steps.join()
+        return self._restore_checkpoint(slot, scope, prompt, common)
 
     def _checkpoint_points(self, prompt: list[int], common: int, cache_points: Sequence[int],
                            cache_scope: str, new_conversation: bool) -> list[int]:
