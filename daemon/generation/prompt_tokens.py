@@ -127,14 +127,16 @@ class PrefixTokenizer:
                 return cuts[k]
         return None
 
-    def _holds(self, data: bytes, c: int, n: int) -> bool:
-        """Whether no special text in ``data`` straddles byte ``c`` or ``c + n`` (the cut
-        token's text at ``c``)."""
-        end = c + n
-        for s, e in self._specials.spans(data, c - self._specials.longest + 1, end):
-            if s < c < e or s < end < e:
+    def stands_alone(self, data: bytes, begin: int, end: int) -> bool:
+        """Whether no special text in ``data`` straddles byte ``begin`` or ``end``: then
+        the special text ``data[begin:end]`` is matched there by the partition."""
+        for s, e in self._specials.spans(data, begin - self._specials.longest + 1, end):
+            if s < begin < e or s < end < e:
                 return False
         return True
+
+    def _holds(self, data: bytes, c: int, n: int) -> bool:
+        return self.stands_alone(data, c, c + n)
 
     def _find_cuts(self, data: bytes, tokens: array[int], c0: int, i0: int
                    ) -> list[tuple[int, int, int]]:
