@@ -91,7 +91,7 @@ def exported_names(tmp_path: Path) -> set[str]:
                                  "prompt_rows": 2, "trimmed_draft_tokens": 0,
                                  "extended_draft_tokens": 0, "queue_s": 0.1},
             prompt_cache=SimpleNamespace(as_dict=lambda: {
-                "lookups": 2, "hits": 1, "saved": 1, "evicted": 0, "refused": 0,
+                "lookups": 2, "hits": 1, "saved": 1, "evicted": 0, "refused": 0, "awaited": 0,
                 "reused_tokens": 40, "bytes": 100, "entries": 1, "max_bytes": 1000}))
         engine.generator = SimpleNamespace(  # type: ignore[attr-defined]
             _runtime=SimpleNamespace(cost_profile={1: 1.0, 2: 1.2}, verifier=verifier))

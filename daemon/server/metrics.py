@@ -195,9 +195,9 @@ class EngineCollector(Collector):
         pc = verifier.prompt_cache.as_dict()
         cache = CounterMetricFamily(
             "suffixd_prompt_cache_events", "Prompt cache (KV checkpoints of prompt prefixes "
-            "shared by every session): lookups, hits, checkpoints saved, evicted, refused.",
-            labels=["event"])
-        for kind in ("lookups", "hits", "saved", "evicted", "refused"):
+            "shared by every session): lookups, hits, checkpoints saved, evicted, refused, "
+            "and prompts that awaited another prefill's checkpoint.", labels=["event"])
+        for kind in ("lookups", "hits", "saved", "evicted", "refused", "awaited"):
             cache.add_metric([kind], pc[kind])
         reused = CounterMetricFamily(
             "suffixd_prompt_cache_reused_tokens", "Prompt tokens restored from a checkpoint "
