@@ -4,7 +4,8 @@ partition with adversarial special texts, and against the real gemma-3 tokenizer
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 from suffixd.daemon.generation.prompt_tokens import PrefixTokenizer, TokenTexts
 from suffixd.daemon.generation.verifier import Verifier
 from suffixd.daemon.model import embedded_model_path
+
+T = TypeVar("T")
 
 
 @settings(max_examples=300, deadline=None)
@@ -66,6 +69,20 @@ def reference_tokenize(specials: Sequence[tuple[int, bytes]], data: bytes) -> li
 _ALPHABET = b"ab<>/"
 
 
+def successive_texts(steps: list[list[T]], ops: list[int]) -> Iterator[list[T]]:
+    """A conversation's texts as lists of pieces: each step goes on (op 0), goes back to
+    a text the last one begins with (1), or parts from it halfway (2)."""
+    parts: list[T] = []
+    for p, op in zip(steps, ops * len(steps), strict=False):
+        if op == 0:
+            parts = parts + p
+        elif op == 1:
+            parts = parts[: len(parts) * (len(p) % 13 + 1) // 13]
+        else:
+            parts = parts[: len(parts) // 2] + p
+        yield parts
+
+
 @settings(max_examples=400, deadline=None)
 @given(texts=st.lists(st.binary(min_size=1, max_size=4).map(
            lambda b: bytes(_ALPHABET[x % len(_ALPHABET)] for x in b)),
@@ -87,14 +104,9 @@ def test_same_tokens_as_the_whole_text_with_adversarial_specials(
         return b"".join(words[i % len(words)] for i in p)
 
     tok = PrefixTokenizer(lambda b: reference_tokenize(specials, b), specials, cut_ids)
-    data = b""
-    for p, op in zip(pieces, ops * len(pieces), strict=False):
-        if op == 0:  # the conversation goes on
-            data += render(p)
-        elif op == 1:  # a text its last one begins with
-            data = data[: len(data) * (len(p) + 1) // 13]
-        else:  # a text that parts from it somewhere
-            data = data[: len(data) // 2] + render(p)
+    # byte by byte, so that texts are cut anywhere
+    for parts in successive_texts([[bytes([c]) for c in render(p)] for p in pieces], ops):
+        data = b"".join(parts)
         assert tok.tokenize(data) == reference_tokenize(specials, data), data
 
 
@@ -140,17 +152,8 @@ _GEMMA_PIECES = ["<start_of_turn>", "<end_of_turn>", "user\n", "model\n", "\n", 
 def test_same_tokens_as_the_real_tokenizer(verifier: Verifier,
                                            gemma_specials: list[tuple[int, bytes, str]],
                                            pieces: list[list[str]], ops: list[int]) -> None:
-    specials = gemma_specials
-    tok = PrefixTokenizer(verifier.tokenize_bytes, [(i, t) for i, t, _ in specials],
-                          {i for i, _, k in specials if k == "control"})
-    parts: list[str] = []
-    for p, op in zip(pieces, ops * len(pieces), strict=False):
-        if op == 0:
-            parts += p
-        elif op == 1:
-            parts = parts[: len(parts) * (len(p) + 1) // 15]
-        else:
-            parts = parts[: len(parts) // 2] + p
+    tok = PrefixTokenizer.of_vocabulary(verifier.tokenize_bytes, gemma_specials)
+    for parts in successive_texts(pieces, ops):
         data = "".join(parts).encode("utf-8")
         assert tok.tokenize(data) == verifier.tokenize_bytes(data), data
 

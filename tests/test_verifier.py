@@ -469,7 +469,7 @@ def test_only_contents_with_a_control_text_are_tokenized_twice(verifier: Verifie
     where tokenizing it with and without special tokens differs, on the real vocabulary
     (gemma-3: <start_of_turn>, <unusedN>, ...)."""
     renderer = ChatRenderer(verifier)
-    texts = verifier.control_token_texts()
+    texts = [t for _, t, kind in verifier.special_tokens() if kind != "user"]
     assert b"<start_of_turn>" in texts and b"<unused0>" in texts
     rng = random.Random(7)
     pieces = ["<", ">", "<div>", "a < b", "<start_of_tur", "<unused", "<unused0>",

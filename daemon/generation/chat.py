@@ -125,9 +125,7 @@ class ChatRenderer:
             if self._control is None or self._prefix is None:
                 specials = self._v.special_tokens()
                 self._control = TokenTexts([t for _, t, k in specials if k != "user"])
-                self._prefix = PrefixTokenizer(
-                    self._v.tokenize_bytes, [(i, t) for i, t, _ in specials],
-                    {i for i, _, k in specials if k == "control"})
+                self._prefix = PrefixTokenizer.of_vocabulary(self._v.tokenize_bytes, specials)
             return self._control, self._prefix
 
     def _tokenize(self, text: str) -> list[int]:
@@ -136,10 +134,7 @@ class ChatRenderer:
         return self._vocab()[1].tokenize(text.encode("utf-8"))
 
     def _spells_control_tokens(self, content: str) -> bool:
-        # Tokenizing a message twice cost 35 ms a turn on a coding agent's 17k-character
-        # conversation (its tool outputs are full of "<"). Without a control token's text
-        # in it, a content tokenizes alike either way, so only those are tokenized. Each
-        # turn repeats the conversation's messages: their answers are kept.
+        # Each turn repeats the conversation's messages: their answers are kept.
         data = content.encode("utf-8")
         key = hashlib.blake2b(data, digest_size=16).digest()
         with self._vocab_lock:
@@ -155,10 +150,11 @@ class ChatRenderer:
         return spells
 
     def _spells(self, content: str, data: bytes) -> bool:
-        # A control text no other special text overlaps is a control token when special
-        # tokens are parsed, and never one otherwise: the two tokenizations differ. Only
-        # where each one found is overlapped are both made (a hostile 200,000-character
-        # message spelling control tokens took 19 s to tokenize twice on the Zen 3 VM).
+        # Tokenizing every message with a "<" twice cost 35 ms a turn on a coding agent's
+        # conversation. Without a control token's text in it, a content tokenizes alike
+        # either way; and a control text no other special text overlaps is a control token
+        # when special tokens are parsed and never otherwise, so the two differ. Both are
+        # made only where every one found is overlapped.
         control, prefix = self._vocab()
         overlapped = False
         for begin, end in control.spans(data):

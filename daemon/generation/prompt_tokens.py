@@ -86,6 +86,13 @@ class PrefixTokenizer:
         self.reused_tokens = 0  # tokens taken from earlier texts instead of tokenized
         self.tokenized_bytes = 0
 
+    @classmethod
+    def of_vocabulary(cls, tokenize: Callable[[bytes], Sequence[int]],
+                      specials: Sequence[tuple[int, bytes, str]]) -> PrefixTokenizer:
+        """From ``Verifier.special_tokens()``: cuts before its control tokens."""
+        return cls(tokenize, [(i, t) for i, t, _ in specials],
+                   {i for i, _, kind in specials if kind == "control"})
+
     def tokenize(self, data: bytes) -> list[int]:
         with self._lock:
             entries = list(self._entries)
@@ -123,7 +130,7 @@ class PrefixTokenizer:
             c, i, n = cuts[k]
             if c <= beyond:
                 return None
-            if self._holds(data, c, n):
+            if self.stands_alone(data, c, c + n):
                 return cuts[k]
         return None
 
@@ -134,9 +141,6 @@ class PrefixTokenizer:
             if s < begin < e or s < end < e:
                 return False
         return True
-
-    def _holds(self, data: bytes, c: int, n: int) -> bool:
-        return self.stands_alone(data, c, c + n)
 
     def _find_cuts(self, data: bytes, tokens: array[int], c0: int, i0: int
                    ) -> list[tuple[int, int, int]]:
@@ -157,7 +161,7 @@ class PrefixTokenizer:
             if len(places) != len(indices):  # some occurrence is not that token: no cuts
                 continue
             found += [(p, i, len(text)) for p, i in zip(places, indices, strict=True)
-                      if self._holds(data, p, len(text))]
+                      if self.stands_alone(data, p, p + len(text))]
         found.sort()
         return found
 

@@ -378,13 +378,6 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                 out.append((i, bytes(text), kind))
         return out
 
-    def control_token_texts(self) -> list[bytes]:
-        """The texts of the vocabulary's control and unknown tokens: the ones its
-        tokenizer matches in text only when asked to parse special tokens (llama.cpp's
-        special-token partition skips them otherwise; user-defined ones it matches
-        either way)."""
-        return [text for _, text, kind in self.special_tokens() if kind != "user"]
-
     def detokenize_special(self, token: int) -> str:
         """A control token's text (``<bos>``), which plain detokenization omits."""
         buf = ctypes.create_string_buffer(128)
