@@ -31,15 +31,17 @@ class TokenTexts:
     where a text starts with one of their first bytes."""
 
     def __init__(self, texts: Sequence[bytes]) -> None:
-        by_len: dict[int, set[bytes]] = {}
+        # by first byte, then by length: gemma-3's user-defined runs of spaces, tabs and
+        # newlines start at most places of a text, and only their own lengths are tried
+        groups: dict[int, dict[int, set[bytes]]] = {}
         for t in texts:
             if t:
-                by_len.setdefault(len(t), set()).add(t)
-        self._by_len = sorted((n, frozenset(ts)) for n, ts in by_len.items())
-        self.longest = self._by_len[-1][0] if self._by_len else 0
-        firsts = sorted({t[0] for t in texts if t})
-        self._first = re.compile(b"[" + b"".join(re.escape(bytes([c])) for c in firsts) + b"]"
-                                 ) if firsts else None
+                groups.setdefault(t[0], {}).setdefault(len(t), set()).add(t)
+        self._by_first = {c: tuple(sorted((n, frozenset(ts)) for n, ts in by_len.items()))
+                          for c, by_len in groups.items()}
+        self.longest = max((len(t) for t in texts), default=0)
+        self._first = re.compile(b"[" + b"".join(re.escape(bytes([c])) for c in sorted(groups))
+                                 + b"]") if groups else None
 
     def occurs_in(self, data: bytes) -> bool:
         return next(self.spans(data), None) is not None
@@ -52,7 +54,7 @@ class TokenTexts:
             return
         for m in self._first.finditer(data, max(start, 0), len(data) if stop is None else stop):
             i = m.start()
-            for n, texts in self._by_len:
+            for n, texts in self._by_first[data[i]]:
                 if i + n > len(data):
                     break
                 if data[i:i + n] in texts:
