@@ -10,7 +10,7 @@ from typing import TypeVar
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from suffixd.daemon.generation.prompt_tokens import PrefixTokenizer, TokenTexts
+from suffixd.daemon.generation.prompt_tokens import LongestTexts, PrefixTokenizer, TokenTexts
 from suffixd.daemon.generation.verifier import Verifier
 from suffixd.daemon.model import embedded_model_path
 
@@ -33,6 +33,23 @@ def test_token_texts_finds_exactly_the_texts_that_occur(texts: list[bytes], data
     assert index.occurs_in(data) == bool(want)
     mid = len(data) // 2
     assert sorted(index.spans(data, 2, mid)) == [s for s in want if 2 <= s[0] < mid]
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts=st.lists(st.binary(min_size=1, max_size=5).map(
+           lambda b: bytes(b"ab<>"[x % 4] for x in b)), max_size=12),
+       data=st.binary(max_size=40).map(lambda b: bytes(b"ab<>"[x % 4] for x in b)))
+def test_longest_texts_finds_the_longest_text_at_every_place(texts: list[bytes],
+                                                             data: bytes) -> None:
+    """Against the plain reference, with texts that are prefixes of each other."""
+    want = []
+    for i in range(len(data)):
+        here = [t for t in texts if data.startswith(t, i)]
+        if here:
+            want.append((i, max(here, key=len)))
+    index = LongestTexts(texts)
+    assert list(index.find(data)) == want
+    assert list(index.find(data, 3)) == [w for w in want if w[0] >= 3]
 
 
 def reference_tokenize(specials: Sequence[tuple[int, bytes]], data: bytes) -> list[int]:
@@ -88,22 +105,31 @@ def successive_texts(steps: list[list[T]], ops: list[int]) -> Iterator[list[T]]:
            lambda b: bytes(_ALPHABET[x % len(_ALPHABET)] for x in b)),
            min_size=1, max_size=5, unique=True),
        cut_mask=st.integers(min_value=0, max_value=31),
+       user_mask=st.integers(min_value=0, max_value=31),
+       plain=st.booleans(),
        pieces=st.lists(st.lists(st.integers(min_value=0, max_value=9), max_size=12),
                        min_size=1, max_size=5),
        ops=st.lists(st.integers(min_value=0, max_value=2), min_size=1, max_size=5))
 def test_same_tokens_as_the_whole_text_with_adversarial_specials(
-        texts: list[bytes], cut_mask: int, pieces: list[list[int]], ops: list[int]) -> None:
+        texts: list[bytes], cut_mask: int, user_mask: int, plain: bool,
+        pieces: list[list[int]], ops: list[int]) -> None:
     """Special texts that overlap each other and the cut tokens ("a<", "<a", "a<a"),
-    texts that extend, shorten and part from the ones before: every result is the
-    whole text's tokens."""
+    texts that extend, shorten and part from the ones before; with ``plain``, new text
+    split into pieces and those without a control text tokenized with only the
+    user-defined texts parsed: every result is the whole text's tokens."""
     specials = [(i, t) for i, t in enumerate(texts)]
-    cut_ids = {i for i in range(len(texts)) if cut_mask >> i & 1}
+    users = {i for i in range(len(texts)) if user_mask >> i & 1}
+    cut_ids = {i for i in range(len(texts)) if cut_mask >> i & 1} - users
     words = [*texts, b"a", b"b", b"<", b">", b"ab"]
 
     def render(p: list[int]) -> bytes:
         return b"".join(words[i % len(words)] for i in p)
 
-    tok = PrefixTokenizer(lambda b: reference_tokenize(specials, b), specials, cut_ids)
+    user_specials = [s for s in specials if s[0] in users]
+    tok = PrefixTokenizer(lambda b: reference_tokenize(specials, b), specials, cut_ids,
+                          plain=(lambda b: reference_tokenize(user_specials, b)) if plain
+                          else None,
+                          parsed_ids={i for i, _ in specials} - users)
     # byte by byte, so that texts are cut anywhere
     for parts in successive_texts([[bytes([c]) for c in render(p)] for p in pieces], ops):
         data = b"".join(parts)
@@ -152,10 +178,35 @@ _GEMMA_PIECES = ["<start_of_turn>", "<end_of_turn>", "user\n", "model\n", "\n", 
 def test_same_tokens_as_the_real_tokenizer(verifier: Verifier,
                                            gemma_specials: list[tuple[int, bytes, str]],
                                            pieces: list[list[str]], ops: list[int]) -> None:
-    tok = PrefixTokenizer.of_vocabulary(verifier.tokenize_bytes, gemma_specials)
+    tok = PrefixTokenizer.of_vocabulary(
+        verifier.tokenize_bytes, gemma_specials,
+        lambda data: verifier.tokenize_bytes(data, special=False))
     for parts in successive_texts(pieces, ops):
         data = "".join(parts).encode("utf-8")
         assert tok.tokenize(data) == verifier.tokenize_bytes(data), data
+
+
+def test_a_message_dense_in_a_special_texts_first_byte_skips_the_special_partition(
+        verifier: Verifier, gemma_specials: list[tuple[int, bytes, str]]) -> None:
+    """llama.cpp looks for each of gemma-3's 6,414 special texts through the text when
+    parsing them (a message of 200,000 "<" took 19 s): pieces between the standing
+    control tokens that hold none of the control texts never go that way, and the tokens
+    are the whole text's."""
+    parsed_calls: list[bytes] = []
+
+    def parsed(data: bytes) -> list[int]:
+        parsed_calls.append(data)
+        return verifier.tokenize_bytes(data)
+
+    tok = PrefixTokenizer.of_vocabulary(
+        parsed, gemma_specials, lambda data: verifier.tokenize_bytes(data, special=False))
+    message = b"<" * 20_000 + b" <table> \n\n x<y " + b"<<end_of_tur" * 500
+    data = (b"<start_of_turn>user\n" + message + b"<end_of_turn>\n<start_of_turn>model\n")
+    assert tok.tokenize(data) == verifier.tokenize_bytes(data)
+    # a control token spelled inside the message is split out like the template's
+    spelled = data.replace(b" x<y ", b" x<unused3><y ")
+    assert tok.tokenize(spelled) == verifier.tokenize_bytes(spelled)
+    assert parsed_calls == []
 
 
 def test_a_conversation_is_tokenized_once(verifier: Verifier) -> None:

@@ -15,15 +15,12 @@ from hypothesis import strategies as st
 from suffixd.daemon.generation.step_batch import Interrupted, StepBatcher, Stopping
 from suffixd.daemon.generation.step_cost import PAD_ROW_WEIGHT, Entry, StepCostModel, split_equal
 from suffixd.daemon.generation.step_planner import (
-    PROMPT_DEFER_MAX_S,
-    PROMPT_HELD_ROWS,
     PROMPT_RESERVE,
     StepRows,
     cheapest_layout,
     joint_lengths,
     padded_rows,
     plan_step,
-    prompt_cap,
     step_cost,
     ubatch_cost,
 )
@@ -493,7 +490,7 @@ def test_drafts_beside_a_prompt_chunk_keep_their_rows() -> None:
     ubatch at a depth of one, and every draft was cut to that row; after the decodes'
     ubatches it keeps them whole."""
     reqs = [_decode(0, [0.99] * 3), _decode(2, []), _decode(3, [0.99] * 4),
-            StepRows(1, list(range(300)), 2000, 512, prompt=True, left=300)]
+            StepRows(1, list(range(300)), 2000, 512, prompt=True)]
     plan = plan_step(reqs, 512, linear, 1.0)
     by_seq = {r.seq_id: r for r in plan}
     assert (by_seq[0].kept, by_seq[3].kept, by_seq[1].kept) == (4, 5, 300)
@@ -554,70 +551,6 @@ def test_prompts_are_served_first_come_first_served_by_when_they_began() -> None
     newer2 = StepRows(1, list(range(1000)), 0, 512, prompt=True, since=20.0)
     plan = plan_step([newer2, short], 512, linear, 1.0)
     assert [r.seq_id for r in plan] == [1, 2] and (short.kept, newer2.kept) == (100, 412)
-
-
-def _sum_of_finish_times(decoding_s: float, k: int, prompt_s: float, first: str) -> float:
-    """k decodes that need ``decoding_s`` together and a prompt of ``prompt_s``, one
-    after the other (the CPU's prompt rows cost the same beside decodes or apart)."""
-    if first == "decodes":
-        return k * decoding_s + decoding_s + prompt_s
-    return prompt_s + k * (prompt_s + decoding_s)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(1, 300), min_size=1, max_size=8), st.integers(1, 20_000),
-       st.floats(0.001, 0.2), st.floats(0.0005, 0.01))
-def test_prompt_cap_puts_whichever_side_finishes_sooner_first(lefts, prompt_left, token_s,
-                                                              row_s) -> None:
-    decodes = [StepRows(s, [1], 100, 64, left=n) for s, n in enumerate(lefts)]
-    prompt = StepRows(9, list(range(min(prompt_left, 512))), 0, 512, prompt=True,
-                      since=100.0, left=prompt_left)
-    cap = prompt_cap([*decodes, prompt], row_s, token_s)
-    decoding_s, prompt_s = sum(lefts) * token_s, prompt_left * row_s
-    by_decodes = _sum_of_finish_times(decoding_s, len(lefts), prompt_s, "decodes")
-    by_prompt = _sum_of_finish_times(decoding_s, len(lefts), prompt_s, "prompt")
-    if prompt_left <= PROMPT_RESERVE:
-        assert cap is None  # it fits the reserve anyway
-    elif math.isclose(by_decodes, by_prompt, rel_tol=1e-9):
-        pass  # a tie: either order is as good (rounding decides)
-    elif by_decodes < by_prompt:
-        assert cap == PROMPT_HELD_ROWS
-    elif by_decodes > by_prompt:
-        assert cap is None
-
-
-def test_prompt_cap_waits_for_its_rates_and_for_no_one_too_long() -> None:
-    decode = StepRows(0, [1, 2], 100, 64, left=10)
-    prompt = StepRows(9, list(range(512)), 0, 512, prompt=True, since=100.0, left=4000)
-    assert prompt_cap([decode, prompt], 0.004, 0.02) == PROMPT_HELD_ROWS
-    assert prompt_cap([decode, prompt], None, 0.02) is None
-    assert prompt_cap([decode, prompt], 0.004, None) is None
-    # held back that long in a row, prompts take their full chunks again
-    assert prompt_cap([decode, prompt], 0.004, 0.02,
-                      PROMPT_DEFER_MAX_S - 0.1) == PROMPT_HELD_ROWS
-    assert prompt_cap([decode, prompt], 0.004, 0.02, PROMPT_DEFER_MAX_S + 0.1) is None
-    assert prompt_cap([prompt], 0.004, 0.02) is None
-    assert prompt_cap([decode], 0.004, 0.02) is None
-    unknown = StepRows(1, [1], 100, 64)  # a decode whose length is not known
-    assert prompt_cap([decode, unknown, prompt], 0.004, 0.02) is None
-    # the first come is the one weighed: an older short prompt goes in whole
-    older = StepRows(8, list(range(40)), 0, 512, prompt=True, since=50.0, left=40)
-    assert prompt_cap([decode, prompt, older], 0.004, 0.02) is None
-
-
-def test_a_capped_step_gives_the_first_prompt_the_cap_and_the_rest_nothing() -> None:
-    decodes = [StepRows(s, [1, 2, 3], 100, 64, left=30) for s in range(2)]
-    first = StepRows(8, list(range(512)), 0, 512, prompt=True, since=1.0, left=3000)
-    second = StepRows(9, list(range(512)), 0, 512, prompt=True, since=2.0, left=3000)
-    plan = plan_step([*decodes, first, second], 512, linear, 1.0, prompt_rows_max=64)
-    assert first in plan and first.kept == 64 and second not in plan
-    assert all(d in plan for d in decodes)
-    plan = plan_step([*decodes, first, second], 512, linear, 1.0, prompt_rows_max=0)
-    assert plan == decodes
-    # prompts alone are never capped
-    alone = StepRows(9, list(range(512)), 0, 512, prompt=True, since=2.0, left=3000)
-    assert plan_step([alone], 512, linear, 1.0, prompt_rows_max=PROMPT_RESERVE) == [alone]
-    assert alone.kept == 512
 
 
 class _FakeModel:

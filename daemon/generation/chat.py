@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .prompt_tokens import PrefixTokenizer, TokenTexts
+from .prompt_tokens import LongestTexts, PrefixTokenizer
 
 # GGUF architecture -> llama.cpp built-in template name, for models without a template.
 _BUILTIN_BY_ARCH = {
@@ -53,7 +53,7 @@ class ChatRenderer:
         self.add_bos = meta.get("tokenizer.ggml.add_bos_token", "true").lower() == "true"
         self.bos_text = verifier.detokenize_special(verifier.bos_token)
         # built on first use, from one walk over the vocabulary (0.26 s on gemma-3)
-        self._control: TokenTexts | None = None
+        self._control: LongestTexts | None = None
         self._prefix: PrefixTokenizer | None = None
         self._vocab_lock = threading.Lock()
         self._spelled: OrderedDict[bytes, bool] = OrderedDict()  # recent contents' answers
@@ -120,12 +120,14 @@ class ChatRenderer:
             size = n + 1
         raise ChatTemplateError("chat template output did not fit")  # pragma: no cover
 
-    def _vocab(self) -> tuple[TokenTexts, PrefixTokenizer]:
+    def _vocab(self) -> tuple[LongestTexts, PrefixTokenizer]:
         with self._vocab_lock:
             if self._control is None or self._prefix is None:
                 specials = self._v.special_tokens()
-                self._control = TokenTexts([t for _, t, k in specials if k != "user"])
-                self._prefix = PrefixTokenizer.of_vocabulary(self._v.tokenize_bytes, specials)
+                self._control = LongestTexts(t for _, t, k in specials if k != "user")
+                self._prefix = PrefixTokenizer.of_vocabulary(
+                    self._v.tokenize_bytes, specials,
+                    lambda data: self._v.tokenize_bytes(data, special=False))
             return self._control, self._prefix
 
     def _tokenize(self, text: str) -> list[int]:
@@ -157,8 +159,10 @@ class ChatRenderer:
         # made only where every one found is overlapped.
         control, prefix = self._vocab()
         overlapped = False
-        for begin, end in control.spans(data):
-            if prefix.stands_alone(data, begin, end):
+        # one standing alone is the longest control text at its place (a longer one
+        # there would straddle its end)
+        for begin, text in control.find(data):
+            if prefix.stands_alone(data, begin, begin + len(text)):
                 return True
             overlapped = True
         return overlapped and bool(

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from ..common.errors import Unavailable
 from .step_cost import Entry, StepCostModel
-from .step_planner import StepRows, plan_step, prompt_cap, ubatch_cost
+from .step_planner import StepRows, plan_step, ubatch_cost
 
 RATE_PRIOR = 8.0  # pseudo-steps at 1 token per unit of cost, before any feedback
 RATE_DECAY = 0.99
@@ -46,10 +46,6 @@ RATE_DECAY = 0.99
 GATHER_FRACTION = 0.3
 GATHER_MIN_S = 0.002
 GATHER_MAX_S = 0.05
-# Prompt-only steps shorter than this are not timed: their fixed cost would dominate
-PROMPT_TIMED_ROWS = 64
-# The weight of the newest step in the prompt-row and emitted-token time averages
-TIME_EMA = 0.2
 
 
 @dataclass
@@ -177,17 +173,6 @@ class StepBatcher:
         self._decode_s = 0.02
         self._rate_tokens = RATE_PRIOR
         self._rate_cost = RATE_PRIOR
-        # seconds a prompt row costs (steps of prompts alone) and a token emitted costs
-        # (steps of decodes alone), recently: what prompt_cap weighs; None until seen
-        self._prompt_row_s: float | None = None
-        self._token_s: float | None = None
-        # where no step of decodes alone has been timed yet: one row's measured seconds
-        self.token_s_prior: Callable[[], float | None] = lambda: None
-        self._capped_since: float | None = None  # prompts held back since (monotonic)
-        # SUFFIXD_PROMPT_CAP=on: prompts wait for short decodes (prompt_cap). Off by
-        # default: on the 2-core EPYC its A/B (prompt-heavy, 4 agents, 2 runs each) moved
-        # turn p95 and wall time less than the VM's own 12% between identical runs
-        self.prompt_cap = os.environ.get("SUFFIXD_PROMPT_CAP", "off") == "on"
         self.counters = BatchCounters()
         self.model = StepCostModel(cost, n_ubatch or n_batch)
         # Plan shared steps with the fitted model (off: the profile, every run padded).
@@ -351,41 +336,12 @@ class StepBatcher:
             if req.error is not None:
                 raise req.error
 
-    def _observe_times(self, batch: Sequence[StepRows]) -> None:
-        """The last step's seconds per prompt row or per emitted token (its sequences
-        have read their logits and set ``emitted`` by now), where it held only one kind."""
-        if not batch or batch[0].error is not None:
-            return
-        dt = batch[0].step_s
-        prompt_rows = sum(r.rows for r in batch if r.prompt)
-        emitted = sum(r.emitted for r in batch if not r.prompt)
-        if prompt_rows == sum(r.rows for r in batch) and prompt_rows >= PROMPT_TIMED_ROWS:
-            x = dt / prompt_rows
-            self._prompt_row_s = x if self._prompt_row_s is None else \
-                self._prompt_row_s + TIME_EMA * (x - self._prompt_row_s)
-        elif not prompt_rows and emitted:
-            x = dt / emitted
-            self._token_s = x if self._token_s is None else \
-                self._token_s + TIME_EMA * (x - self._token_s)
-
-    def _prompt_cap(self) -> int | None:
-        """``prompt_cap`` on what the batcher has timed, held back at most
-        PROMPT_DEFER_MAX_S in a row."""
-        self._observe_times(self._last_batch)
-        now = time.monotonic()
-        token_s = self._token_s if self._token_s is not None else self.token_s_prior()
-        cap = prompt_cap(self._pending, self._prompt_row_s, token_s,
-                         now - (self._capped_since or now))
-        self._capped_since = None if cap is None else (self._capped_since or now)
-        return cap
-
     def _lead(self) -> None:
         """Plan and run one step (called with the condition held; released meanwhile)."""
         t_plan = time.perf_counter()
-        cap = self._prompt_cap() if self.prompt_cap else None
         batch = plan_step(self._pending, self.n_batch, self._cost, self.rate, self._pad_to,
                           self.model if self.use_model else None, self._logit_rows,
-                          self.model.n_ubatch, self.no_single_rows, cap)
+                          self.model.n_ubatch, self.no_single_rows)
         self.counters.plan_s += time.perf_counter() - t_plan
         taken = {id(r) for r in batch}
         self._pending = [r for r in self._pending if id(r) not in taken]

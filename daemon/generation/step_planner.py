@@ -13,14 +13,13 @@ step.
   p95: the longest turns are those with the longest prompts, and it delays them more;
   swe_django, 4 agents on a Zen 3, alternating A/B: p95 31.1 / 35.7 s against 26.9 /
   29.3.)
-* Short decodes before long prompts (``prompt_cap``): on a CPU a prompt row costs what it
-  costs beside decoding rows or apart, so a full prompt chunk in every step only makes
-  each decoding sequence wait for it (a 500-row chunk is ~2 s on 2 cores: a turn's 64
-  tokens took 40-70 s behind other agents' tool outputs). Where the decoding sequences'
-  remaining tokens take less time than the first prompt's rows would cost each of them,
-  prompts wait (``PROMPT_HELD_ROWS`` a step) until they are done: shortest work first,
-  for the sum of the turns' times; never longer than ``PROMPT_DEFER_MAX_S`` in a row.
-  The batcher applies it only with ``SUFFIXD_PROMPT_CAP=on`` (not yet shown to pay).
+* Decoding rows ride in prompt steps: a sequence decoding beside a long prompt emits a
+  draft's tokens per chunk. Holding prompts back while short decodes finish (shortest
+  work first) was built and measured twice on the 2-core Zen 3 (prompt-heavy, 4 agents,
+  alternating A/B, 2 and 3 runs a side): wall time, mean turn and turn p95 within the
+  runs' spread, as they must be where every row costs the same alone or batched and
+  each session's turns fill the whole run (a mean turn is the sessions' end times over
+  their turns). Removed; docs/research-log.md has the figures.
 * Joint draft lengths: with several decoding sequences, each one's draft is cut to the
   prefix that maximises the step's expected tokens (1 per sequence, plus each draft
   token's calibrated acceptance probability) minus ``rate`` x the step's cost, where
@@ -61,10 +60,6 @@ from .step_cost import PAD_ROW_WEIGHT, Entry, StepCostModel, split_equal
 
 # A prompt chunk's share of a step when decoding rows would fill it: prompts still move.
 PROMPT_RESERVE = 64
-# The rows a step takes of a prompt held back for decoding sequences (prompt_cap), and for
-# how long in a row at most
-PROMPT_HELD_ROWS = 0
-PROMPT_DEFER_MAX_S = 10.0
 
 
 @dataclass(eq=False)
@@ -93,9 +88,6 @@ class StepRows:
     shared: int = 0  # sequences in the step
     step_s: float = 0.0  # the decode's duration
     emitted: int = 0  # set by the sequence after verifying: tokens it emitted
-    # what is left of the generation's work: a decode, the tokens it may still emit
-    # (its max_tokens); a prompt chunk, the prompt's rows from this chunk on (0: unknown)
-    left: int = 0
     arrived: float = 0.0
     # a prompt chunk: when its prompt's first chunk was offered (time.monotonic). Prompts
     # are served first come, first served by it, not by when each chunk came back: each
@@ -526,41 +518,15 @@ def joint_lengths(reqs: Sequence[StepRows], cost: Callable[[int], float],
     return start
 
 
-def prompt_cap(pending: Sequence[StepRows], prompt_row_s: float | None,
-               token_s: float | None, capped_s: float = 0.0) -> int | None:
-    """The most prompt rows this step takes (None: as many as fit). Decoding sequences
-    go first where their remaining tokens (``left`` x ``token_s``, the seconds a token
-    emitted has recently cost in shared steps) take less time than the first prompt's
-    remaining rows (``left`` x ``prompt_row_s``) would cost each of them: finishing
-    them first lowers the sum of the turns' times. Not before both rates are known, nor
-    once prompts have been held back ``PROMPT_DEFER_MAX_S`` in a row (``capped_s``), nor
-    where a decode's length is unknown."""
-    if prompt_row_s is None or token_s is None:
-        return None
-    decodes = [r for r in pending if not r.prompt]
-    prompts = [r for r in pending if r.prompt]
-    if not decodes or not prompts or any(r.left <= 0 for r in decodes):
-        return None
-    first = min(prompts, key=lambda r: r.since)
-    if first.left <= PROMPT_RESERVE or capped_s > PROMPT_DEFER_MAX_S:
-        return None
-    decoding_s = sum(r.left for r in decodes) * token_s
-    if decoding_s < len(decodes) * first.left * prompt_row_s:
-        return PROMPT_HELD_ROWS
-    return None
-
-
 def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], float],
               rate: float, pad_to: Callable[[int, int], int] | None = None,
               model: StepCostModel | None = None,
               logit_rows: Callable[[int, int], int] | None = None,
-              n_ubatch: int | None = None, no_single_rows: bool = False,
-              prompt_rows_max: int | None = None) -> list[StepRows]:
+              n_ubatch: int | None = None, no_single_rows: bool = False) -> list[StepRows]:
     """Choose this step's requests and set their ``kept``, ``rows`` and ``offset``; the
     rest wait for the next step. Never empty when ``pending`` is not. ``no_single_rows``
     (the verifier's deterministic mode): no ubatch takes one row of a sequence
-    (``_no_single_row_ubatches``); ``prompt_rows_max``: the most prompt rows it takes
-    (``prompt_cap``)."""
+    (``_no_single_row_ubatches``)."""
     decodes = [r for r in pending if not r.prompt]
     prompts = sorted((r for r in pending if r.prompt), key=lambda r: r.since)
     budget = n_batch - (min(PROMPT_RESERVE, n_batch // 2) if prompts else 0)
@@ -611,13 +577,11 @@ def plan_step(pending: Sequence[StepRows], n_batch: int, cost: Callable[[int], f
     if logit_rows is not None:
         _ask_padding_logits(chosen, logit_rows)
     used = sum(rows)
-    prompt_room = n_batch if prompt_rows_max is None or not chosen else prompt_rows_max
     for r in prompts:
-        left = min(n_batch - used, prompt_room)
+        left = n_batch - used
         if left <= 0:
             break
         r.kept = r.rows = min(len(r.tokens), left, r.room)
-        prompt_room -= r.kept
         if r.kept < 1:
             continue
         chosen.append(r)

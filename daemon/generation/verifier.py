@@ -214,7 +214,6 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                                   lambda n, limit: self._padding(n, limit), n_ubatch,
                                   lambda n, rows: self._logit_rows(n, rows))
         self._steps.no_single_rows = deterministic
-        self._steps.token_s_prior = lambda: self.raw_cost_seconds.get(1)
         self.determinism: dict[str, Any] = {"on": False, "requested": deterministic}
         if deterministic:
             self._check_determinism()
@@ -352,21 +351,25 @@ class Verifier(KvSlots, CostMeasurement, Certification):
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
-    def tokenize_bytes(self, data: bytes) -> list[int]:
-        """``data`` tokenized with special tokens parsed, no BOS added."""
-        return list(self._model.tokenize(data, False, True)) if data else []
+    def tokenize_bytes(self, data: bytes, special: bool = True) -> list[int]:
+        """``data`` tokenized, with special tokens parsed unless not ``special``, no BOS
+        added."""
+        return list(self._model.tokenize(data, False, special)) if data else []
 
     def special_tokens(self) -> list[tuple[int, bytes, str]]:
         """(id, text, kind) of every token llama.cpp's special-token partition matches in
         a text: kind "control" and "unknown" only when asked to parse special tokens,
         "user" (user-defined) either way; "control-lstrip" for a control token that
-        takes the whitespace before it."""
+        takes the whitespace before it, "control-rstrip" for one that takes only the
+        whitespace after it."""
         llama_cpp = self._llama_cpp
         out = []
         for i in range(self.vocab_size):
             attr = llama_cpp.llama_vocab_get_attr(self._vocab, i)
             if attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL:
-                kind = "control-lstrip" if attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP else "control"
+                kind = ("control-lstrip" if attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP else
+                        "control-rstrip" if attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP else
+                        "control")
             elif attr & llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN:
                 kind = "unknown"
             elif attr & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED:
@@ -615,7 +618,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
                 pos = len(slot.tokens)
                 upto = min(end, pos + self.n_batch, *points[:1])
                 part = StepRows(slot.seq_id, prompt[pos:upto], pos, room=self.n_batch,
-                                prompt=True, since=began, left=end - pos)
+                                prompt=True, since=began)
                 with self._steps.step(part, run.request):
                     slot.tokens.extend(part.tokens[: part.kept])
                 if points and len(slot.tokens) == points[0]:
@@ -691,8 +694,7 @@ class Verifier(KvSlots, CostMeasurement, Certification):
         req = StepRows(slot.seq_id, [run.pending, *path], len(slot.tokens),
                        room=min(room + 1, self.n_batch),
                        probs=(list(probs[: len(path)])
-                              if trimmable and probs is not None else None), want=want,
-                       left=remaining)
+                              if trimmable and probs is not None else None), want=want)
         return Step(draft_obj, path, source, states, req)
 
     def _verify(self, run: Run, step: Step) -> None:
