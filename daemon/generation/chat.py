@@ -120,14 +120,19 @@ class ChatRenderer:
             size = n + 1
         raise ChatTemplateError("chat template output did not fit")  # pragma: no cover
 
+    def prepare(self) -> None:
+        """Read the vocabulary's special tokens now (0.45 s for gemma-3's 262k tokens on
+        the Zen 3), not in the first chat request."""
+        self._vocab()
+
     def _vocab(self) -> tuple[LongestTexts, PrefixTokenizer]:
         with self._vocab_lock:
             if self._control is None or self._prefix is None:
                 specials = self._v.special_tokens()
-                self._control = LongestTexts(t for _, t, k in specials if k != "user")
                 self._prefix = PrefixTokenizer.of_vocabulary(
                     self._v.tokenize_bytes, specials,
                     lambda data: self._v.tokenize_bytes(data, special=False))
+                self._control = self._prefix.parsed_texts  # the control and unknown texts
             return self._control, self._prefix
 
     def _tokenize(self, text: str) -> list[int]:

@@ -157,6 +157,10 @@ class Runtime:
         self.verifier.joint_drafts = os.environ.get("SUFFIXD_JOINT_DRAFTS", "1") != "0"
         self.verifier.step_model = os.environ.get("SUFFIXD_STEP_MODEL", "0") == "1"
         self.renderer = ChatRenderer(self.verifier)
+        # here, not in the first chat request (0.45 s on the Zen 3); on this thread, which
+        # the verifier cannot be closed under
+        phase("reading the vocabulary")
+        self.renderer.prepare()
         self.engine = engine
         self.cost_profile: dict[str, float] = {}  # relative to one token; {}: not measured
         # "stored" (from the data dir), "measuring" (conservative costs until measure()

@@ -141,9 +141,9 @@ class PrefixTokenizer:
         self._specials = TokenTexts([t for _, t in specials])
         self._cut_text = {i: t for i, t in specials if i in cut_ids and t}
         parsed = cut_ids if parsed_ids is None else parsed_ids
-        self._parsed = LongestTexts(t for i, t in specials if i in parsed)
-        self._split_id = {t: i for i, t in specials
-                          if i in (cut_ids if split_ids is None else split_ids & cut_ids) and t}
+        self.parsed_texts = LongestTexts(t for i, t in specials if i in parsed)
+        split = cut_ids if split_ids is None else split_ids & cut_ids
+        self._split_id = {t: i for i, t in specials if i in split and t}
         self._max_entries = max_entries
         self._max_bytes = max_bytes
         self._entries: list[_Entry] = []  # most recent first
@@ -212,7 +212,7 @@ class PrefixTokenizer:
             return self._tokenize(data[start:])
         tokens = array("i")
         at, parsed = start, False  # the piece's start; whether it holds a parsed text
-        for p, text in self._parsed.find(data, start):
+        for p, text in self.parsed_texts.find(data, start):
             if p < at:  # inside the last split token
                 continue
             tid = self._split_id.get(text)
