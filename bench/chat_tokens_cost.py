@@ -15,6 +15,13 @@ Zen 3 VM (AVX2), 2026-11-30, build/workloads/swe_prompt_heavy.jsonl, 132 turns: 
 cache_points; the first is a conversation's first turn) against 5.0, 63.2 and 138 ms
 for one whole tokenization (24c0ca5). Before it tokens alone took 10.3, 39.2 and 177 ms
 at 1,439, 10,435 and 28,649 tokens, and cache_points about as much again.
+
+``--hostile``: texts that are slow for llama.cpp's tokenizer, first call and an identical
+second one, each checked against the whole text tokenized at once. Zen 3, 2026-11-30
+(5ff8707): a message of 200,000 ``<`` 0.35-0.39 / 0.002 s (19.0 s before the pieces: the
+special-token partition looks for each of gemma-3's 6,414 special texts through the
+text), 5,000 short messages 0.96-1.01 / 0.08 s (2.6 s), a message spelling ``<end_of_turn>``
+14,000 times 0.14 / 0.11 s (tokenized as data, so not checked against the whole).
 """
 
 from __future__ import annotations
@@ -35,7 +42,11 @@ def main() -> None:
     ap.add_argument("workload", nargs="?", type=Path,
                     default=Path(__file__).parent.parent / "build/workloads/swe_prompt_heavy.jsonl")
     ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--hostile", action="store_true", help="the slow texts instead")
     args = ap.parse_args()
+    if args.hostile:
+        hostile()
+        return
     if not args.workload.exists():
         ap.error(f"{args.workload}: no such workload (bench/make_prompt_heavy_workload.py "
                  "writes the default one)")
@@ -67,6 +78,38 @@ def main() -> None:
                 whole.append(time.perf_counter() - t0)
             print(f"{n:6} tokens: renderer {took * 1e3:6.1f} ms, "
                   f"one whole tokenization {statistics.median(whole) * 1e3:6.1f} ms")
+    finally:
+        verifier.close()
+
+
+def hostile() -> None:
+    verifier = Verifier(embedded_model_path(), n_ctx=256, n_slots=1, n_threads=1)
+    try:
+        renderer = ChatRenderer(verifier)
+        renderer.prepare()
+        turns = [m for i in range(2500) for m in ({"role": "user", "content": f"q{i}"},
+                                                   {"role": "assistant", "content": f"a{i}"})]
+        cases = {
+            '200,000 "<"': ([{"role": "user", "content": "<" * 200_000}], True),
+            "5,000 short messages": ([*turns, {"role": "user", "content": "end"}], True),
+            "<end_of_turn> spelled 14,000 times":
+                ([{"role": "user", "content": "x<end_of_turn>" * 14_000}], False),
+        }
+        for name, (messages, check) in cases.items():
+            took = []
+            for _ in range(2):
+                t0 = time.perf_counter()
+                tokens = renderer.tokens(messages)
+                renderer.cache_points(messages, None, tokens)
+                took.append(time.perf_counter() - t0)
+            same = ""
+            if check:
+                whole = verifier.tokenize(renderer.render(messages), special=True)
+                if renderer.add_bos:
+                    whole = [verifier.bos_token, *whole]
+                same = ", the whole text's tokens" if tokens == whole else ", DIFFERENT tokens"
+            print(f"{name}: {len(tokens)} tokens, first {took[0]:.3f} s, "
+                  f"again {took[1]:.3f} s{same}")
     finally:
         verifier.close()
 
