@@ -52,7 +52,7 @@ class ChatRenderer:
         self.arch = meta.get("general.architecture", "")
         self.add_bos = meta.get("tokenizer.ggml.add_bos_token", "true").lower() == "true"
         self.bos_text = verifier.detokenize_special(verifier.bos_token)
-        # built on first use, from one walk over the vocabulary (0.26 s on gemma-3)
+        # built by prepare() when the model loads, from one walk over the vocabulary
         self._control: LongestTexts | None = None
         self._prefix: PrefixTokenizer | None = None
         self._vocab_lock = threading.Lock()

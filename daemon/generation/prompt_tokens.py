@@ -64,11 +64,7 @@ class LongestTexts:
 
     def __init__(self, texts: Iterable[bytes]) -> None:
         texts = [t for t in texts if t]
-        self._texts = frozenset(texts)
         self._rx = re.compile(b"(?=(" + _trie_pattern(texts) + b"))") if texts else None
-
-    def __contains__(self, text: bytes) -> bool:
-        return text in self._texts
 
     def find(self, data: bytes, start: int = 0) -> Iterator[tuple[int, bytes]]:
         """(place, text) of the longest text at each place from ``start`` on."""
